@@ -1,0 +1,17 @@
+# Shared by the launchers: repository root, the project's Python, quiet framework logs.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY="$ROOT/.venv/bin/python"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export GLOG_v=${GLOG_v:-3}   # MindSpore C++ logs: errors only unless the user asks for more
+
+die() { echo "error: $*" >&2; exit 2; }
+
+require_env() {
+    [[ -x $PY ]] || die "no environment at $ROOT/.venv; run: bash $ROOT/scripts/setup_env.sh"
+}
+
+# Resolve the run folder from the config and overrides (validates them before anything is written).
+resolve_run_dir() {
+    "$PY" -m src.config --run_dir "$@"
+}

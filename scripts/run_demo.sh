@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The demo: set up .venv, write the sample dataset, train ResNet18 on it, evaluate, print top-1/top-5.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$ROOT/scripts/setup_env.sh" "$ROOT/requirements.txt"
+source "$ROOT/scripts/common.sh"
+DATA="$ROOT/data/sample"
+CONFIG="$ROOT/config/sample_resnet18.yaml"
+OUTPUT="$ROOT/output/demo"
+if [[ ! -f "$DATA/cifar10/test_batch.bin" ]]; then
+    "$PY" -m src.sample_data "$DATA"
+fi
+bash "$ROOT/scripts/run_standalone_train.sh" "$DATA/cifar10" "$CONFIG" --output_dir "$OUTPUT" "$@"
+CKPT=$(ls -t "$OUTPUT"/resnet18/cifar10/*.ckpt | head -n 1)
+RESULT=$(bash "$ROOT/scripts/run_eval.sh" "$DATA/cifar10" "$CKPT" "$CONFIG" | tail -n 1)
+"$PY" - "$RESULT" <<'PYTHON'
+import json, sys
+r = json.loads(sys.argv[1])
+print(f"demo: top-1 {r['top_1_accuracy']:.4f}  top-5 {r['top_5_accuracy']:.4f}  on {r['samples']} held-out images  ({r['checkpoint']})")
+PYTHON

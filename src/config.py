@@ -1,0 +1,231 @@
+"""Config loading: one yaml file plus `--key value` overrides, type-checked, into a plain object.
+
+The yaml file is the schema: every key a run may set is in it, and its value fixes the type.
+Nothing here runs at import; entry points call `load_config(argv)` once and pass values down.
+"""
+import difflib
+import os
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+from src.errors import UserInputError
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+class Config:
+    """Attribute access over the resolved key/value pairs; a missing key is a clear error."""
+
+    def __init__(self, values: Dict[str, Any], source: str = "<dict>"):
+        self.__dict__["_values"] = dict(values)
+        self.__dict__["_source"] = source
+
+    def __getattr__(self, key: str) -> Any:
+        values = self.__dict__["_values"]
+        if key not in values:
+            raise UserInputError(f"config {self.__dict__['_source']} has no key '{key}'; "
+                                 f"add it (the files in config/ list every key)")
+        return values[key]
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self.__dict__["_values"][key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._values
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(self._values)
+
+    @property
+    def source(self) -> str:
+        return self.__dict__["_source"]
+
+
+def parse_bool(text: str, key: str) -> bool:
+    """'True'/'false'/'1'/'no'... to a bool; anything else is an error naming the key."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise UserInputError(f"--{key} expects a bool (true/false), got '{text}'")
+
+
+def coerce_value(key: str, text: str, reference: Any) -> Any:
+    """Turn a command-line string into the type of the yaml value `reference`."""
+    if isinstance(reference, bool):
+        return parse_bool(text, key)
+    if isinstance(reference, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise UserInputError(f"--{key} expects an integer, got '{text}'") from None
+    if isinstance(reference, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise UserInputError(f"--{key} expects a number, got '{text}'") from None
+    if isinstance(reference, str):
+        return text
+    if isinstance(reference, list):
+        return _parse_list(key, text)
+    # A null default accepts any yaml scalar or list.
+    return _safe_yaml(key, text)
+
+
+def _safe_yaml(key: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise UserInputError(f"--{key}: cannot parse '{text}'") from None
+
+
+def _parse_list(key: str, text: str) -> List[Any]:
+    stripped = text.strip()
+    if stripped.startswith("["):
+        value = _safe_yaml(key, stripped)
+    elif stripped == "":
+        value = []
+    else:
+        value = [_safe_yaml(key, item) for item in stripped.split(",")]
+    if not isinstance(value, list):
+        raise UserInputError(f"--{key} expects a list like '[1, 2]' or '1,2', got '{text}'")
+    return value
+
+
+def read_yaml(path: str) -> Dict[str, Any]:
+    """Read a yaml mapping; a missing or malformed file is a clear error."""
+    if not os.path.isfile(path):
+        raise UserInputError(f"config file not found: {path} (pass --config_path config/<name>.yaml)")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = yaml.safe_load(handle)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise UserInputError(f"config file {path} is not valid yaml{line}; fix its syntax") from None
+    if not isinstance(values, dict):
+        raise UserInputError(f"config file {path} must be a mapping of key: value")
+    return values
+
+
+def split_overrides(argv: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
+    """['--a', '1', '--b=2', '--flag'] -> [('a', '1'), ('b', '2'), ('flag', None)]."""
+    pairs: List[Tuple[str, Optional[str]]] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--") or len(token) == 2:
+            raise UserInputError(f"unexpected argument '{token}'; options look like --key value")
+        key = token[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            pairs.append((key, value))
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            pairs.append((key, argv[i + 1]))
+            i += 2
+        else:
+            pairs.append((key, None))
+            i += 1
+    return pairs
+
+
+def unknown_key_error(key: str, known: Sequence[str], where: str) -> UserInputError:
+    """An error for an unknown key that suggests the closest known one."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the keys"
+    return UserInputError(f"unknown config key '{key}' in {where}{hint}")
+
+
+def format_help(values: Dict[str, Any], path: str, prog: str) -> str:
+    """A --help text listing every key with its type and value from the file."""
+    lines = [f"usage: {prog} [--config_path FILE] [--KEY VALUE ...]",
+             "", f"Keys and defaults from {path} (override any with --KEY VALUE):"]
+    for key, value in values.items():
+        kind = "any" if value is None else type(value).__name__
+        lines.append(f"  --{key:<28} {kind:<6} {value!r}")
+    return "\n".join(lines)
+
+
+def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAULT_CONFIG,
+                prog: str = "train.py") -> Config:
+    """Load `--config_path` (or `default_path`) and apply `--key value` overrides from argv."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pairs = split_overrides([a for a in argv if a not in ("-h", "--help")])
+    path = default_path
+    rest = []
+    for key, value in pairs:
+        if key == "config_path":
+            if value is None:
+                raise UserInputError("--config_path needs a file path")
+            path = value
+        else:
+            rest.append((key, value))
+    defaults = read_yaml(path)
+    values = dict(defaults)
+    if "-h" in argv or "--help" in argv:
+        print(format_help(values, path, prog))
+        sys.exit(0)
+    for key, value in rest:
+        if key not in values:
+            raise unknown_key_error(key, values.keys(), "the command line")
+        reference = values[key]
+        if value is None:
+            if not isinstance(reference, bool):
+                raise UserInputError(f"--{key} needs a value")
+            values[key] = True
+        else:
+            values[key] = coerce_value(key, value, reference)
+    values["config_path"] = path
+    return Config(values, source=path)
+
+
+def run_dir(cfg: Config) -> str:
+    """The run folder: output_dir/<net_name>/<dataset>."""
+    return os.path.join(cfg.output_dir, cfg.net_name, cfg.dataset)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write text to path through a temporary file and a rename, so readers never see half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def save_config(cfg: Config, path: str) -> None:
+    """Write the resolved config as yaml (atomically)."""
+    write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`python -m src.config --run_dir [--config_path F --key v ...]` prints the run folder."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--run_dir" in argv:
+        argv.remove("--run_dir")
+        print(run_dir(load_config(argv)))
+        return 0
+    print(yaml.safe_dump(load_config(argv).to_dict(), sort_keys=False), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    from src.errors import run_cli
+    run_cli(main)

@@ -1,0 +1,275 @@
+"""One dataset factory for CIFAR-10 binary files and ImageNet-style class folders.
+
+The pipeline's randomness (sample order and augmentation) is a pure function of
+(seed, epoch, sample index): an `EpochSampler` hands out keys `epoch * N + index`, and the
+source derives each sample's crop and flip from that key. So a run resumed at epoch k sees
+exactly the data an uninterrupted run would, whatever the number of workers.
+Sharding is done here too: eval shards split the samples exactly (nothing dropped or
+repeated); training shards are equal-sized slices of the epoch's permutation.
+"""
+import glob
+import math
+import os
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+from PIL import Image
+
+import mindspore.dataset as ds
+import mindspore.dataset.vision as vision
+
+from src.errors import UserInputError
+
+DATASETS = ("cifar10", "imagenet2012")
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CIFAR_SIDE = 32
+CIFAR_RECORD_BYTES = 1 + CIFAR_SIDE * CIFAR_SIDE * 3
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+EVAL_CROP_RATIO = 0.875  # resize to 256 then center-crop 224
+
+
+class CifarBinarySource:
+    """Images and labels from CIFAR-10 binary files (any record count)."""
+
+    def __init__(self, data_path: str, training: bool):
+        folder = _cifar_folder(data_path)
+        pattern = "data_batch_*.bin" if training else "test_batch.bin"
+        files = sorted(glob.glob(os.path.join(folder, pattern)))
+        if not files:
+            wanted = "data_batch_1.bin ... data_batch_5.bin" if training else "test_batch.bin"
+            raise UserInputError(f"no CIFAR-10 {'training' if training else 'test'} file ({wanted}) in "
+                                 f"{folder}; point data_path at the folder cifar-10-batches-bin")
+        records = [self._read(path) for path in files]
+        data = np.concatenate(records)
+        self.labels = data[:, 0].astype(np.int32)
+        self.images = data[:, 1:].reshape(-1, 3, CIFAR_SIDE, CIFAR_SIDE).transpose(0, 2, 3, 1)
+        self.images = np.ascontiguousarray(self.images)
+
+    @staticmethod
+    def _read(path: str) -> np.ndarray:
+        size = os.path.getsize(path)
+        if size == 0 or size % CIFAR_RECORD_BYTES:
+            raise UserInputError(f"{path} is not a CIFAR-10 binary file: {size} bytes is not a whole "
+                                 f"number of {CIFAR_RECORD_BYTES}-byte records; re-extract the dataset")
+        return np.fromfile(path, dtype=np.uint8).reshape(-1, CIFAR_RECORD_BYTES)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def load(self, index: int) -> np.ndarray:
+        return self.images[index]
+
+
+def _cifar_folder(data_path: str) -> str:
+    _require_folder(data_path)
+    nested = os.path.join(data_path, "cifar-10-batches-bin")
+    return nested if os.path.isdir(nested) else data_path
+
+
+class ImageFolderSource:
+    """Images in one sub-folder per class (sorted folder names give the labels)."""
+
+    def __init__(self, data_path: str, training: bool):
+        _require_folder(data_path)
+        split = os.path.join(data_path, "train" if training else "val")
+        self.root = split if os.path.isdir(split) else data_path
+        self.class_names = sorted(entry.name for entry in os.scandir(self.root) if entry.is_dir())
+        if not self.class_names:
+            raise UserInputError(f"no class sub-folders in {self.root}; expected "
+                                 f"{self.root}/<class name>/<image>.jpg")
+        self.paths: List[str] = []
+        labels = []
+        for label, name in enumerate(self.class_names):
+            folder = os.path.join(self.root, name)
+            files = sorted(f for f in os.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS))
+            self.paths += [os.path.join(folder, f) for f in files]
+            labels += [label] * len(files)
+        if not self.paths:
+            raise UserInputError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in the class folders of "
+                                 f"{self.root}")
+        self.labels = np.asarray(labels, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def load(self, index: int) -> Image.Image:
+        path = self.paths[index]
+        try:
+            image = Image.open(path)
+            return image.convert("RGB")
+        except (OSError, ValueError) as err:
+            raise UserInputError(f"cannot read image {path} ({err}); remove or replace the file") from None
+
+
+def _require_folder(path: str) -> None:
+    if not path:
+        raise UserInputError("data_path is empty; pass --data_path /path/to/dataset")
+    if not os.path.isdir(path):
+        raise UserInputError(f"dataset folder not found: {path}; pass --data_path with an existing folder")
+
+
+def random_crop_flip(image: np.ndarray, rng: np.random.Generator, padding: int = 4) -> np.ndarray:
+    """CIFAR augmentation: zero-pad, crop back to the original size at random, flip half the time."""
+    height, width = image.shape[:2]
+    padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))
+    top, left = rng.integers(0, 2 * padding + 1, size=2)
+    out = padded[top:top + height, left:left + width]
+    return out[:, ::-1] if rng.random() < 0.5 else out
+
+
+def random_resized_crop_box(width: int, height: int, rng: np.random.Generator,
+                            scale: Tuple[float, float] = (0.08, 1.0),
+                            ratio: Tuple[float, float] = (3 / 4, 4 / 3)) -> Tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop box (left, top, width, height), falling back to a center crop."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        crop_w = int(round(math.sqrt(target_area * aspect)))
+        crop_h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < crop_w <= width and 0 < crop_h <= height:
+            left = int(rng.integers(0, width - crop_w + 1))
+            top = int(rng.integers(0, height - crop_h + 1))
+            return left, top, crop_w, crop_h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        crop_w, crop_h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        crop_w, crop_h = int(round(height * ratio[1])), height
+    else:
+        crop_w, crop_h = width, height
+    return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
+
+
+def folder_train_transform(image: Image.Image, size: int, rng: np.random.Generator) -> np.ndarray:
+    """ImageNet augmentation: random resized crop to size x size, flip half the time."""
+    left, top, crop_w, crop_h = random_resized_crop_box(image.width, image.height, rng)
+    image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + crop_w, top + crop_h))
+    if rng.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(image)
+
+
+def folder_eval_transform(image: Image.Image, size: int) -> np.ndarray:
+    """Resize the short side to size / 0.875 (256 for 224), then center-crop size x size."""
+    short = int(round(size / EVAL_CROP_RATIO))
+    scale = short / min(image.width, image.height)
+    resized_w, resized_h = max(size, round(image.width * scale)), max(size, round(image.height * scale))
+    image = image.resize((resized_w, resized_h), Image.BILINEAR)
+    left, top = (resized_w - size) // 2, (resized_h - size) // 2
+    return np.asarray(image.crop((left, top, left + size, top + size)))
+
+
+class AugmentedSource:
+    """Random-access source over keys `epoch * N + index`; augmentation seeded by (seed, key)."""
+
+    def __init__(self, source, transform: Callable, augment: bool, seed: int):
+        self.source = source
+        self.transform = transform
+        self.augment = augment
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key: int):
+        key = int(key)
+        index = key % len(self.source)
+        rng = np.random.default_rng([self.seed, key]) if self.augment else None
+        image = self.transform(self.source.load(index), rng)
+        return np.ascontiguousarray(image), self.source.labels[index]
+
+
+class EpochSampler(ds.Sampler):
+    """Yields keys `epoch * N + index` for this shard; each call to iter() is the next epoch.
+
+    Training: the epoch's permutation (seeded by seed and epoch), cut into equal shards.
+    Evaluation: every sample exactly once across shards, in order."""
+
+    def __init__(self, num_samples: int, *, training: bool, shuffle: bool, num_shards: int,
+                 shard_id: int, seed: int, start_epoch: int = 0):
+        self.total = num_samples
+        self.training = training
+        self.shuffle = shuffle
+        self.num_shards = num_shards
+        self.shard_id = shard_id
+        self.seed = seed
+        self.epoch = start_epoch
+        super().__init__()  # reads len(self)
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        """The indices this shard reads in `epoch`."""
+        order = np.arange(self.total)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.total)
+        shard = order[self.shard_id::self.num_shards]
+        return shard[:self.total // self.num_shards] if self.training else shard
+
+    def __iter__(self):
+        epoch = self.epoch
+        self.epoch += 1
+        for index in self.epoch_indices(epoch):
+            yield int(epoch * self.total + index)
+
+    def __len__(self) -> int:
+        if self.training:
+            return self.total // self.num_shards
+        return len(range(self.shard_id, self.total, self.num_shards))
+
+
+def _transforms(dataset: str, image_size: int):
+    """The per-sample (Python) transform and the normalization constants of `dataset`.
+
+    The transform gets rng=None when augmentation is off."""
+    if dataset == "cifar10":
+        def transform(image, rng):
+            return image if rng is None else random_crop_flip(image, rng)
+        return transform, CIFAR_MEAN, CIFAR_STD
+
+    def transform(image, rng):
+        if rng is None:
+            return folder_eval_transform(image, image_size)
+        return folder_train_transform(image, image_size, rng)
+    return transform, IMAGENET_MEAN, IMAGENET_STD
+
+
+def create_source(dataset: str, data_path: str, training: bool):
+    """The raw sample source for `dataset` ('cifar10' binary files or 'imagenet2012' folders)."""
+    if dataset == "cifar10":
+        return CifarBinarySource(data_path, training)
+    if dataset == "imagenet2012":
+        return ImageFolderSource(data_path, training)
+    raise UserInputError(f"unknown dataset '{dataset}'; choose one of {', '.join(DATASETS)}")
+
+
+def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: int, image_size: int,
+                   class_num: Optional[int] = None, num_parallel_workers: int = 2, num_shards: int = 1,
+                   shard_id: int = 0, seed: int = 1, start_epoch: int = 0,
+                   shuffle: Optional[bool] = None, augment: Optional[bool] = None) -> ds.Dataset:
+    """A batched dataset of (image float32 CHW normalized, label int32).
+
+    Training drops the last partial batch; evaluation keeps every sample exactly once.
+    `shuffle` and `augment` default to `training`."""
+    source = create_source(dataset, data_path, training)
+    if class_num is not None and source.labels.max() >= class_num:
+        raise UserInputError(f"{data_path} has label {int(source.labels.max())} but class_num is "
+                             f"{class_num}; set --class_num to the number of classes")
+    shuffle = training if shuffle is None else shuffle
+    augment = training if augment is None else augment
+    transform, mean, std = _transforms(dataset, image_size)
+    sampler = EpochSampler(len(source), training=training, shuffle=shuffle, num_shards=num_shards,
+                           shard_id=shard_id, seed=seed, start_epoch=start_epoch)
+    if len(sampler) == 0 or (training and len(sampler) < batch_size):
+        raise UserInputError(f"{data_path} gives {len(sampler)} samples to this shard, fewer than one "
+                             f"batch of {batch_size}; lower batch_size or add data")
+    data = ds.GeneratorDataset(AugmentedSource(source, transform, augment, seed), ["image", "label"],
+                               sampler=sampler, num_parallel_workers=num_parallel_workers,
+                               python_multiprocessing=False)
+    ops = []
+    if dataset == "cifar10" and image_size != CIFAR_SIDE:
+        ops.append(vision.Resize((image_size, image_size)))
+    ops += [vision.Normalize([m * 255 for m in mean], [s * 255 for s in std]), vision.HWC2CHW()]
+    data = data.map(ops, input_columns="image", num_parallel_workers=num_parallel_workers)
+    return data.batch(batch_size, drop_remainder=training)

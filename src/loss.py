@@ -1,0 +1,23 @@
+"""Cross-entropy with label smoothing, PyTorch's definition: target = (1 - e) * onehot + e / K."""
+from mindspore import nn, ops
+
+
+class CrossEntropySmooth(nn.Cell):
+    """Mean cross-entropy of logits against integer labels, with label smoothing `smooth_factor`."""
+
+    def __init__(self, num_classes: int, smooth_factor: float = 0.0):
+        super().__init__()
+        self.num_classes = num_classes
+        self.on_value = 1.0 - smooth_factor + smooth_factor / num_classes
+        self.off_value = smooth_factor / num_classes
+        self.log_softmax = nn.LogSoftmax(axis=-1)
+
+    def construct(self, logits, labels):
+        target = ops.one_hot(labels, self.num_classes, self.on_value, self.off_value)
+        target = ops.cast(target, logits.dtype)
+        return -(target * self.log_softmax(logits)).sum(axis=-1).mean()
+
+
+def create_loss(*, num_classes: int, label_smooth_factor: float = 0.0) -> nn.Cell:
+    """The training loss: cross-entropy, smoothed when `label_smooth_factor` > 0."""
+    return CrossEntropySmooth(num_classes, label_smooth_factor)

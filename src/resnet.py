@@ -1,0 +1,174 @@
+"""ResNet 18/34/50/101/152 (v1.5) with torchvision's structure and parameter names.
+
+Convolutions pad symmetrically (`pad_mode='pad'`, padding k//2), as torchvision does, so a
+converted torchvision checkpoint gives the same outputs. BatchNorm uses MindSpore's names
+(gamma, beta, moving_mean, moving_variance) and momentum 0.9 (PyTorch's 0.1).
+"""
+import math
+from typing import List, Optional, Type, Union
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import initializer as init
+
+from src.errors import UserInputError
+
+ARCHS = {
+    "resnet18": ("basic", [2, 2, 2, 2]),
+    "resnet34": ("basic", [3, 4, 6, 3]),
+    "resnet50": ("bottleneck", [3, 4, 6, 3]),
+    "resnet101": ("bottleneck", [3, 4, 23, 3]),
+    "resnet152": ("bottleneck", [3, 8, 36, 3]),
+}
+CONV_INITS = ("kaiming_normal", "XavierUniform", "TruncatedNormal")
+DENSE_INITS = ("default", "TruncatedNormal", "RandomNormal")
+
+
+def conv2d(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> nn.Conv2d:
+    """A bias-free convolution with torchvision's symmetric padding."""
+    return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="pad",
+                     padding=kernel_size // 2, has_bias=False)
+
+
+def batch_norm(channels: int) -> nn.BatchNorm2d:
+    return nn.BatchNorm2d(channels, eps=1e-5, momentum=0.9)
+
+
+class BasicBlock(nn.Cell):
+    """Two 3x3 convolutions (ResNet18/34)."""
+    expansion = 1
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1,
+                 downsample: Optional[nn.Cell] = None):
+        super().__init__()
+        self.conv1 = conv2d(in_channels, channels, 3, stride)
+        self.bn1 = batch_norm(channels)
+        self.conv2 = conv2d(channels, channels, 3)
+        self.bn2 = batch_norm(channels)
+        self.relu = nn.ReLU()
+        self.downsample = downsample
+
+    @property
+    def last_bn(self) -> nn.BatchNorm2d:
+        return self.bn2
+
+    def construct(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Cell):
+    """1x1 -> 3x3 (stride here, v1.5) -> 1x1 with 4x expansion (ResNet50/101/152)."""
+    expansion = 4
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1,
+                 downsample: Optional[nn.Cell] = None):
+        super().__init__()
+        out_channels = channels * self.expansion
+        self.conv1 = conv2d(in_channels, channels, 1)
+        self.bn1 = batch_norm(channels)
+        self.conv2 = conv2d(channels, channels, 3, stride)
+        self.bn2 = batch_norm(channels)
+        self.conv3 = conv2d(channels, out_channels, 1)
+        self.bn3 = batch_norm(out_channels)
+        self.relu = nn.ReLU()
+        self.downsample = downsample
+
+    @property
+    def last_bn(self) -> nn.BatchNorm2d:
+        return self.bn3
+
+    def construct(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+Block = Union[Type[BasicBlock], Type[Bottleneck]]
+
+
+class ResNet(nn.Cell):
+    """conv1/bn1/relu/maxpool stem, layer1..4, global average pool, fc."""
+
+    def __init__(self, block: Block, layers: List[int], num_classes: int = 1000):
+        super().__init__()
+        self.in_channels = 64
+        self.conv1 = conv2d(3, 64, 7, stride=2)
+        self.bn1 = batch_norm(64)
+        self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="pad", padding=1)
+        self.layer1 = self._make_layer(block, 64, layers[0], stride=1)
+        self.layer2 = self._make_layer(block, 128, layers[1], stride=2)
+        self.layer3 = self._make_layer(block, 256, layers[2], stride=2)
+        self.layer4 = self._make_layer(block, 512, layers[3], stride=2)
+        self.mean = ops.ReduceMean(keep_dims=False)
+        self.fc = nn.Dense(512 * block.expansion, num_classes)
+
+    def _make_layer(self, block: Block, channels: int, blocks: int, stride: int) -> nn.SequentialCell:
+        downsample = None
+        out_channels = channels * block.expansion
+        if stride != 1 or self.in_channels != out_channels:
+            downsample = nn.SequentialCell([conv2d(self.in_channels, out_channels, 1, stride),
+                                            batch_norm(out_channels)])
+        cells = [block(self.in_channels, channels, stride, downsample)]
+        self.in_channels = out_channels
+        cells += [block(out_channels, channels) for _ in range(1, blocks)]
+        return nn.SequentialCell(cells)
+
+    def forward_features(self, x):
+        """The stem and the four stages, before pooling."""
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+    def construct(self, x):
+        return self.fc(self.mean(self.forward_features(x), (2, 3)))
+
+
+def _set(param: Parameter, values: np.ndarray) -> None:
+    param.set_data(Tensor(values.astype(np.float32)))
+
+
+def _initialize(net: ResNet, conv_init: str, dense_init: str, zero_init_residual: bool) -> None:
+    """torchvision's init by default; the model zoo's choices by name."""
+    conv_initializers = {
+        "kaiming_normal": init.HeNormal(mode="fan_out", nonlinearity="relu"),
+        "XavierUniform": init.XavierUniform(),
+        "TruncatedNormal": init.TruncatedNormal(0.02),
+    }
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, nn.Conv2d):
+            cell.weight.set_data(init.initializer(conv_initializers[conv_init], cell.weight.shape))
+        elif isinstance(cell, nn.Dense):
+            fan_in = cell.weight.shape[1]
+            if dense_init == "default":  # PyTorch's nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+                bound = 1.0 / math.sqrt(fan_in)
+                cell.weight.set_data(init.initializer(init.Uniform(bound), cell.weight.shape))
+                cell.bias.set_data(init.initializer(init.Uniform(bound), cell.bias.shape))
+            else:
+                weight_init = init.TruncatedNormal(0.01) if dense_init == "TruncatedNormal" \
+                    else init.Normal(0.01)
+                cell.weight.set_data(init.initializer(weight_init, cell.weight.shape))
+                cell.bias.set_data(init.initializer("zeros", cell.bias.shape))
+        elif isinstance(cell, (BasicBlock, Bottleneck)) and zero_init_residual:
+            gamma = cell.last_bn.gamma
+            _set(gamma, np.zeros(gamma.shape))
+
+
+def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "kaiming_normal",
+                 dense_init: str = "default", zero_init_residual: bool = False) -> ResNet:
+    """Build a ResNet by name ('resnet18' ... 'resnet152')."""
+    if net_name not in ARCHS:
+        raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(ARCHS)}")
+    if conv_init not in CONV_INITS:
+        raise UserInputError(f"unknown conv_init '{conv_init}'; choose one of {', '.join(CONV_INITS)}")
+    if dense_init not in DENSE_INITS:
+        raise UserInputError(f"unknown dense_init '{dense_init}'; choose one of {', '.join(DENSE_INITS)}")
+    kind, layers = ARCHS[net_name]
+    block = BasicBlock if kind == "basic" else Bottleneck
+    net = ResNet(block, layers, num_classes)
+    _initialize(net, conv_init, dense_init, zero_init_residual)
+    return net
