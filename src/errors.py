@@ -1,4 +1,5 @@
 """One error type for problems the user can fix, and the entry-point wrapper that reports it."""
+import re
 import sys
 from typing import Callable, Optional, Sequence
 
@@ -7,11 +8,26 @@ class UserInputError(ValueError):
     """A problem with the user's input (config, data, checkpoint, device); the message names the fix."""
 
 
+# The data pipeline re-raises errors from our Python sources inside its own RuntimeError text.
+_WRAPPED = re.compile(r"UserInputError: (?!Traceback)(.+)")
+
+
+def user_error_message(err: BaseException) -> Optional[str]:
+    """The one-line message of a UserInputError, also when MindSpore's data pipeline wrapped it."""
+    if isinstance(err, UserInputError):
+        return str(err)
+    found = _WRAPPED.findall(str(err))
+    return found[-1].strip() if found else None
+
+
 def run_cli(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[str]] = None) -> None:
-    """Run an entry point; report a UserInputError as one line on stderr and exit with code 2."""
+    """Run an entry point; report a user error as one line on stderr and exit with code 2."""
     try:
         code = main(argv)
-    except UserInputError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+    except (UserInputError, RuntimeError) as err:
+        message = user_error_message(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
     sys.exit(code or 0)

@@ -100,7 +100,10 @@ class ResNet(nn.Cell):
         self.conv1 = conv2d(3, 64, 7, stride=2)
         self.bn1 = batch_norm(64)
         self.relu = nn.ReLU()
-        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="pad", padding=1)
+        # Zero padding equals torchvision's -inf padding here: the input is post-ReLU (>= 0).
+        # (MaxPool2d's own padding lowers to MaxPool3DWithArgmax, which ONNX export lacks.)
+        self.maxpool = nn.SequentialCell([nn.Pad(((0, 0), (0, 0), (1, 1), (1, 1))),
+                                          nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="valid")])
         self.layer1 = self._make_layer(block, 64, layers[0], stride=1)
         self.layer2 = self._make_layer(block, 128, layers[1], stride=2)
         self.layer3 = self._make_layer(block, 256, layers[2], stride=2)

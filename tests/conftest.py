@@ -1,0 +1,46 @@
+"""Shared fixtures: the repository on sys.path, fast CPU convolutions, small generated datasets."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("GLOG_v", "3")
+
+from src.device import prefer_fast_cpu_convolutions  # noqa: E402
+from src.sample_data import write_sample_data  # noqa: E402
+
+prefer_fast_cpu_convolutions()
+
+
+@pytest.fixture(scope="session")
+def sample_root(tmp_path_factory) -> Path:
+    """Sample data in both formats: 20 training images per class, a test split of 101 (odd) images."""
+    root = tmp_path_factory.mktemp("sample")
+    write_sample_data(str(root), train_per_class=20, test_total=101, seed=0)
+    return root
+
+
+@pytest.fixture(scope="session")
+def cifar_dir(sample_root) -> Path:
+    return sample_root / "cifar10"
+
+
+@pytest.fixture(scope="session")
+def folder_dir(sample_root) -> Path:
+    return sample_root / "imagenet"
+
+
+def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
+        env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    """Run a command of the project (python scripts or bash launchers) and capture its output.
+
+    `env` replaces the inherited environment when given."""
+    full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    return subprocess.run(args, cwd=str(cwd or REPO), capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
