@@ -27,6 +27,8 @@ class Config:
         self.__dict__["_source"] = source
 
     def __getattr__(self, key: str) -> Any:
+        if key.startswith("__") and key.endswith("__"):  # copy/pickle protocol, not config keys
+            raise AttributeError(key)
         values = self.__dict__["_values"]
         if key not in values:
             raise UserInputError(f"config {self.__dict__['_source']} has no key '{key}'; "
@@ -203,6 +205,7 @@ def write_atomic(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; make it a normal file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

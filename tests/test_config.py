@@ -1,0 +1,244 @@
+"""src/config.py: yaml schema + `--key value` overrides, type checks, clear errors."""
+import glob
+import os
+
+import pytest
+import yaml
+
+from conftest import PYTHON, REPO, run
+
+from src.config import Config, load_config, run_dir, save_config
+from src.errors import UserInputError
+
+SCHEMA = {
+    "net_name": "resnet50",
+    "dataset": "cifar10",
+    "output_dir": "./output",
+    "epoch_size": 90,
+    "batch_size": 32,
+    "lr_max": 0.1,
+    "lr_end": 0.00001,
+    "weight_decay": 0.0001,
+    "run_eval": True,
+    "resume": False,
+    "lr_decay_epochs": [30, 60, 80],
+    "all_reduce_fusion_config": [],
+    "checkpoint_file_path": "",
+    "anything": None,
+}
+
+
+@pytest.fixture
+def cfg_path(tmp_path):
+    path = tmp_path / "schema.yaml"
+    path.write_text(yaml.safe_dump(SCHEMA, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def load(cfg_path, *args):
+    return load_config(["--config_path", cfg_path, *args])
+
+
+def test_defaults_come_from_the_file(cfg_path):
+    cfg = load(cfg_path)
+    for key, value in SCHEMA.items():
+        assert getattr(cfg, key) == value
+    assert cfg.config_path == cfg_path
+    assert cfg.source == cfg_path
+
+
+def test_config_path_with_equals_sign(cfg_path):
+    cfg = load_config([f"--config_path={cfg_path}", "--epoch_size", "3"])
+    assert cfg.epoch_size == 3 and cfg.config_path == cfg_path
+
+
+@pytest.mark.parametrize("style", ["space", "equals"])
+@pytest.mark.parametrize("key,text,expected", [
+    ("epoch_size", "7", 7),
+    ("batch_size", "-1", -1),
+    ("lr_max", "0.25", 0.25),
+    ("lr_end", "1e-6", 1e-6),
+    ("net_name", "resnet18", "resnet18"),
+    ("dataset", "imagenet2012", "imagenet2012"),
+    ("run_eval", "False", False),
+    ("run_eval", "false", False),
+    ("run_eval", "0", False),
+    ("run_eval", "no", False),
+    ("resume", "True", True),
+    ("resume", "1", True),
+    ("resume", "yes", True),
+    ("lr_decay_epochs", "[10, 20]", [10, 20]),
+    ("lr_decay_epochs", "5,15,25", [5, 15, 25]),
+    ("lr_decay_epochs", "", []),
+    ("all_reduce_fusion_config", "[85, 160]", [85, 160]),
+    ("checkpoint_file_path", "/a/b.ckpt", "/a/b.ckpt"),
+    ("anything", "3", 3),
+    ("anything", "[1, 2]", [1, 2]),
+])
+def test_override_types(cfg_path, style, key, text, expected):
+    args = [f"--{key}={text}"] if style == "equals" else [f"--{key}", text]
+    value = getattr(load(cfg_path, *args), key)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_several_overrides_together(cfg_path):
+    cfg = load(cfg_path, "--epoch_size", "2", "--lr_max=0.5", "--run_eval", "false", "--net_name", "resnet34")
+    assert (cfg.epoch_size, cfg.lr_max, cfg.run_eval, cfg.net_name) == (2, 0.5, False, "resnet34")
+    # untouched keys keep their file values
+    assert cfg.batch_size == 32 and cfg.lr_decay_epochs == [30, 60, 80]
+
+
+def test_bare_bool_flag_means_true(cfg_path):
+    assert load(cfg_path, "--resume").resume is True
+    assert load(cfg_path, "--resume", "--epoch_size", "4").epoch_size == 4
+
+
+def test_bare_non_bool_flag_needs_a_value(cfg_path):
+    with pytest.raises(UserInputError, match="epoch_size"):
+        load(cfg_path, "--epoch_size")
+
+
+def test_int_is_accepted_for_a_float_key_and_becomes_float(cfg_path):
+    value = load(cfg_path, "--lr_max", "1").lr_max
+    assert value == 1.0 and type(value) is float
+
+
+def test_float_is_rejected_for_an_int_key(cfg_path):
+    with pytest.raises(UserInputError, match="epoch_size"):
+        load(cfg_path, "--epoch_size", "2.5")
+
+
+@pytest.mark.parametrize("key,text", [("lr_max", "fast"), ("run_eval", "maybe"), ("batch_size", "many")])
+def test_values_of_the_wrong_type_are_rejected(cfg_path, key, text):
+    with pytest.raises(UserInputError, match=key):
+        load(cfg_path, f"--{key}", text)
+
+
+def test_unknown_key_suggests_the_closest(cfg_path):
+    with pytest.raises(UserInputError) as info:
+        load(cfg_path, "--lr_mx", "0.2")
+    assert "lr_mx" in str(info.value)
+    assert "did you mean 'lr_max'" in str(info.value)
+
+
+def test_unknown_key_without_close_match(cfg_path):
+    with pytest.raises(UserInputError) as info:
+        load(cfg_path, "--zzzzzzzz", "1")
+    assert "zzzzzzzz" in str(info.value) and "did you mean" not in str(info.value)
+
+
+def test_positional_argument_is_rejected(cfg_path):
+    with pytest.raises(UserInputError, match="stray"):
+        load(cfg_path, "stray")
+
+
+def test_missing_config_file_names_the_path(tmp_path):
+    missing = str(tmp_path / "nope.yaml")
+    with pytest.raises(UserInputError) as info:
+        load_config(["--config_path", missing])
+    assert missing in str(info.value)
+
+
+def test_malformed_yaml_names_the_path(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("a: 1\nb: [1, 2\nc: 3\n", encoding="utf-8")
+    with pytest.raises(UserInputError) as info:
+        load_config(["--config_path", str(path)])
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("content", ["- 1\n- 2\n", "just a string\n", ""])
+def test_non_mapping_yaml_names_the_path(tmp_path, content):
+    path = tmp_path / "list.yaml"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(UserInputError) as info:
+        load_config(["--config_path", str(path)])
+    assert str(path) in str(info.value)
+
+
+def test_missing_attribute_raises_user_input_error(cfg_path):
+    cfg = load(cfg_path)
+    with pytest.raises(UserInputError, match="no_such_key"):
+        cfg.no_such_key  # noqa: B018
+    assert "no_such_key" not in cfg
+    assert "epoch_size" in cfg
+    assert cfg.get("no_such_key", 5) == 5
+
+
+def test_config_attribute_assignment():
+    cfg = Config({"a": 1})
+    cfg.b = 2
+    cfg.a = 3
+    assert cfg.to_dict() == {"a": 3, "b": 2}
+
+
+def test_save_config_round_trips(cfg_path, tmp_path):
+    cfg = load(cfg_path, "--lr_max", "0.3", "--lr_decay_epochs", "1,2", "--resume", "true")
+    out = tmp_path / "nested" / "dir" / "config.yaml"
+    save_config(cfg, str(out))
+    with open(out, encoding="utf-8") as handle:
+        assert yaml.safe_load(handle) == cfg.to_dict()
+    # and the saved file is itself a valid config file
+    again = load_config(["--config_path", str(out)])
+    assert again.to_dict() == dict(cfg.to_dict(), config_path=str(out))
+    assert not [name for name in os.listdir(out.parent) if name.startswith(".tmp-")]
+
+
+def test_run_dir(cfg_path):
+    cfg = load(cfg_path, "--output_dir", "/x/out", "--net_name", "resnet18", "--dataset", "imagenet2012")
+    assert run_dir(cfg) == os.path.join("/x/out", "resnet18", "imagenet2012")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_exits_zero(cfg_path, flag, capsys):
+    with pytest.raises(SystemExit) as info:
+        load(cfg_path, flag)
+    assert info.value.code in (0, None)
+    assert "--epoch_size" in capsys.readouterr().out
+
+
+CONFIG_FILES = sorted(glob.glob(str(REPO / "config" / "*.yaml")))
+REFERENCE = REPO / "config" / "resnet50_cifar10.yaml"
+
+
+def test_config_folder_is_not_empty():
+    assert len(CONFIG_FILES) >= 2
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
+def test_every_config_file_loads_with_the_reference_keys(path):
+    cfg = load_config(["--config_path", path])
+    with open(REFERENCE, encoding="utf-8") as handle:
+        reference = yaml.safe_load(handle)
+    assert set(cfg.to_dict()) - {"config_path"} == set(reference)
+    # the same types as the reference (ints may stand where the reference has a float)
+    for key, value in reference.items():
+        got = getattr(cfg, key)
+        if value is None or got is None:
+            continue
+        if isinstance(value, float) and type(got) is int:
+            continue
+        assert type(got) is type(value), (key, got, value)
+
+
+def test_importing_the_modules_does_not_parse_argv():
+    code = ("import sys; sys.argv = ['x', '--bogus', 'value']; "
+            "import src.config, src.dataset, src.resnet, src.lr_schedule, src.loss, "
+            "src.optimizer, src.callbacks, src.checkpoint, src.device")
+    result = run([PYTHON, "-c", code], cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_config_survives_copy_and_pickle(cfg_path):
+    import copy
+    import pickle
+    cfg = load(cfg_path, "--epoch_size", "3")
+    for clone in (copy.copy(cfg), copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert clone.to_dict() == cfg.to_dict()
+        assert clone.source == cfg.source
+        with pytest.raises(UserInputError):
+            clone.no_such_key  # noqa: B018
+    deep = copy.deepcopy(cfg)
+    deep.epoch_size = 99
+    assert cfg.epoch_size == 3

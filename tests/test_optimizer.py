@@ -1,0 +1,93 @@
+"""src/optimizer.py: weight decay on conv/dense weights only; Momentum and Adam."""
+import re
+
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from src.errors import UserInputError
+from src.optimizer import create_optimizer, decayed_parameter_names, param_groups
+from src.resnet import create_model
+
+CONV_OR_FC_WEIGHT = re.compile(r"(^conv1\.weight$|\.conv\d\.weight$|\.downsample\.0\.weight$|^fc\.weight$)")
+
+
+@pytest.fixture(scope="module")
+def net():
+    return create_model("resnet18", num_classes=10)
+
+
+def test_decayed_group_is_exactly_the_conv_and_fc_weights(net):
+    groups = param_groups(net, 1e-4)
+    assert len(groups) == 3
+    decayed, plain, order = groups
+    assert decayed["weight_decay"] == 1e-4 and plain["weight_decay"] == 0.0
+    names = [p.name for p in decayed["params"]]
+    # resnet18: conv1 + 8 blocks x 2 convs + 3 downsample convs = 20 conv weights, plus fc.weight
+    assert len(names) == 21
+    assert sum(1 for n in names if n != "fc.weight") == 20
+    assert "fc.weight" in names
+    assert all(CONV_OR_FC_WEIGHT.search(n) for n in names), names
+    assert not [n for n in names if n.endswith((".gamma", ".beta", ".bias"))]
+    expected = {p.name for p in net.trainable_params() if CONV_OR_FC_WEIGHT.search(p.name)}
+    assert set(names) == expected
+    assert set(decayed_parameter_names(net)) == expected
+
+
+def test_every_trainable_parameter_is_in_one_group_once(net):
+    decayed, plain, order = param_groups(net, 1e-4)
+    trainable = [p.name for p in net.trainable_params()]
+    grouped = [p.name for p in decayed["params"]] + [p.name for p in plain["params"]]
+    assert sorted(grouped) == sorted(trainable)
+    assert len(grouped) == len(set(grouped)) == 62
+    assert [p.name for p in order["order_params"]] == trainable
+    plain_names = [p.name for p in plain["params"]]
+    assert "fc.bias" in plain_names and "bn1.gamma" in plain_names and "bn1.beta" in plain_names
+    assert all(n.endswith((".gamma", ".beta", ".bias")) for n in plain_names), plain_names
+    assert not [n for n in plain_names if "moving" in n]
+
+
+@pytest.mark.parametrize("name,cls", [("Momentum", nn.Momentum), ("Adam", nn.Adam)])
+def test_create_optimizer_builds_the_named_optimizer(net, name, cls):
+    lr = np.linspace(0.1, 0.01, 5).astype(np.float32)
+    opt = create_optimizer(net, name=name, learning_rate=lr, weight_decay=1e-4)
+    assert isinstance(opt, cls)
+    assert [p.name for p in opt.parameters] == [p.name for p in net.trainable_params()]
+    opt = create_optimizer(net, name=name, learning_rate=0.1, weight_decay=1e-4, loss_scale=8.0)
+    assert isinstance(opt, cls)
+
+
+def test_unknown_optimizer_raises(net):
+    with pytest.raises(UserInputError, match="SGDW"):
+        create_optimizer(net, name="SGDW", learning_rate=0.1)
+
+
+@pytest.mark.parametrize("name", ["Momentum", "Adam"])
+def test_one_step_with_zero_gradients_only_decays_conv_and_fc_weights(name):
+    net = create_model("resnet18", num_classes=10)
+    lr, wd = 0.1, 0.01
+    opt = create_optimizer(net, name=name, learning_rate=lr, weight_decay=wd, momentum=0.9)
+    params = list(opt.parameters)
+    # perturb the BN/bias parameters so that decay would be visible on them too
+    rng = np.random.default_rng(0)
+    for p in params:
+        if p.name.endswith((".gamma", ".beta", ".bias")):
+            p.set_data(Tensor(rng.uniform(0.5, 1.5, p.shape).astype(np.float32)))
+    before = {p.name: p.asnumpy().copy() for p in params}
+    opt(tuple(Tensor(np.zeros(p.shape, np.float32)) for p in params))
+    decayed = set(decayed_parameter_names(net))
+    for p in params:
+        old, new = before[p.name], p.asnumpy()
+        if p.name in decayed:
+            if name == "Momentum":
+                # gradient + wd * w with a zero gradient: w <- w - lr * wd * w
+                np.testing.assert_allclose(new, old * (1 - lr * wd), rtol=1e-5, atol=1e-8, err_msg=p.name)
+            else:
+                # Adam's first step on the gradient wd * w alone: w <- w - lr * sign(w)
+                # (up to eps = 1e-8 added to sqrt((1 - beta2) * (wd * w) ** 2): under 0.4% for |w| > 0.01)
+                big = np.abs(old) > 1e-2
+                assert big.mean() > 0.3, p.name
+                np.testing.assert_allclose(new[big] - old[big], -lr * np.sign(old[big]),
+                                           rtol=0, atol=lr * 0.01, err_msg=p.name)
+        else:
+            np.testing.assert_array_equal(new, old, err_msg=p.name)

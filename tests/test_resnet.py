@@ -1,0 +1,201 @@
+"""src/resnet.py: torchvision-compatible ResNet structure, names, sizes, init and padding."""
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from src.errors import UserInputError
+from src.resnet import ARCHS, CONV_INITS, DENSE_INITS, create_model
+
+BN_FIELDS = ("gamma", "beta", "moving_mean", "moving_variance")
+_MODELS = {}
+
+
+def model(name, **kwargs):
+    """Models built once per test session (building is the slow part)."""
+    key = (name, tuple(sorted(kwargs.items())))
+    if key not in _MODELS:
+        _MODELS[key] = create_model(name, **kwargs)
+    return _MODELS[key]
+
+
+def expected_names(net_name):
+    """torchvision's state-dict names (without num_batches_tracked), BatchNorm in MindSpore's terms."""
+    kind, layers = ARCHS[net_name]
+    convs = 2 if kind == "basic" else 3
+    names = {"conv1.weight", "fc.weight", "fc.bias"} | {f"bn1.{f}" for f in BN_FIELDS}
+    for stage, blocks in enumerate(layers, start=1):
+        for block in range(blocks):
+            prefix = f"layer{stage}.{block}"
+            for i in range(1, convs + 1):
+                names.add(f"{prefix}.conv{i}.weight")
+                names |= {f"{prefix}.bn{i}.{f}" for f in BN_FIELDS}
+            # every stage's first block changes the shape, except layer1 of BasicBlock nets
+            if block == 0 and (stage > 1 or kind == "bottleneck"):
+                names.add(f"{prefix}.downsample.0.weight")
+                names |= {f"{prefix}.downsample.1.{f}" for f in BN_FIELDS}
+    return names
+
+
+def test_resnet50_parameter_counts():
+    net = model("resnet50", num_classes=1000)
+    params = list(net.get_parameters())
+    trainable = net.trainable_params()
+    assert len(params) == 267
+    assert len(trainable) == 161
+    assert sum(int(np.prod(p.shape)) for p in trainable) == 25_557_032
+
+
+def test_resnet18_parameter_count():
+    net = model("resnet18", num_classes=1000)
+    assert sum(int(np.prod(p.shape)) for p in net.trainable_params()) == 11_689_512
+    assert len(net.trainable_params()) == 62
+
+
+def test_class_num_sets_the_head():
+    net = model("resnet18", num_classes=10)
+    assert tuple(net.fc.weight.shape) == (10, 512)
+    assert tuple(net.fc.bias.shape) == (10,)
+
+
+@pytest.mark.parametrize("net_name", list(ARCHS))
+def test_output_shape(net_name):
+    net = model(net_name, num_classes=10)
+    x = Tensor(np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32))
+    out = net(x).asnumpy()
+    assert out.shape == (2, 10)
+    assert out.dtype == np.float32
+    assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize("net_name", ["resnet18", "resnet50"])
+def test_parameter_names_follow_torchvision(net_name):
+    names = [p.name for p in model(net_name, num_classes=1000).get_parameters()]
+    assert len(names) == len(set(names))
+    assert set(names) == expected_names(net_name)
+    assert not [n for n in names if "num_batches_tracked" in n]
+
+
+def test_some_torchvision_names_by_hand():
+    names = {p.name for p in model("resnet50", num_classes=1000).get_parameters()}
+    for name in ["conv1.weight", "bn1.gamma", "bn1.beta", "bn1.moving_mean", "bn1.moving_variance",
+                 "layer1.0.conv1.weight", "layer2.0.downsample.0.weight", "layer2.0.downsample.1.gamma",
+                 "layer4.2.bn3.gamma", "fc.weight", "fc.bias"]:
+        assert name in names
+    trainable = {p.name for p in model("resnet50", num_classes=1000).trainable_params()}
+    assert "bn1.moving_mean" not in trainable and "bn1.gamma" in trainable
+
+
+def test_resnet50_is_v1_5_stride_in_the_3x3_conv():
+    net = model("resnet50", num_classes=1000)
+    block = net.layer2[0]
+    assert tuple(block.conv1.stride)[-2:] == (1, 1)
+    assert tuple(block.conv2.stride)[-2:] == (2, 2)
+    assert tuple(block.downsample[0].stride)[-2:] == (2, 2)
+    # and by shape: the 1x1 keeps 8x8, the 3x3 halves it
+    x = Tensor(np.ones((1, 256, 8, 8), np.float32))
+    after1 = block.conv1(x)
+    assert after1.shape == (1, 128, 8, 8)
+    assert block.conv2(after1).shape == (1, 128, 4, 4)
+
+
+def last_bn_names(net_name):
+    kind, layers = ARCHS[net_name]
+    last = "bn2" if kind == "basic" else "bn3"
+    return {f"layer{s}.{b}.{last}.gamma" for s, n in enumerate(layers, start=1) for b in range(n)}
+
+
+@pytest.mark.parametrize("net_name", ["resnet18", "resnet50"])
+def test_zero_init_residual(net_name):
+    zeroed = last_bn_names(net_name)
+    net = model(net_name, num_classes=10, zero_init_residual=True)
+    gammas = {p.name: p.asnumpy() for p in net.get_parameters() if p.name.endswith(".gamma")}
+    assert zeroed <= set(gammas)
+    for name, value in gammas.items():
+        if name in zeroed:
+            assert np.all(value == 0), name
+        else:
+            assert np.all(value == 1), name
+    default = model(net_name, num_classes=10)
+    assert all(np.all(p.asnumpy() == 1) for p in default.get_parameters() if p.name.endswith(".gamma"))
+
+
+def test_batch_norm_starts_at_identity():
+    net = model("resnet18", num_classes=10)
+    for p in net.get_parameters():
+        if p.name.endswith((".beta", ".moving_mean")):
+            assert np.all(p.asnumpy() == 0), p.name
+        elif p.name.endswith(".moving_variance"):
+            assert np.all(p.asnumpy() == 1), p.name
+
+
+@pytest.mark.parametrize("conv_init", CONV_INITS)
+@pytest.mark.parametrize("dense_init", DENSE_INITS)
+def test_init_options_give_valid_parameters(conv_init, dense_init):
+    net = create_model("resnet18", num_classes=10, conv_init=conv_init, dense_init=dense_init)
+    for p in net.trainable_params():
+        value = p.asnumpy()
+        assert np.all(np.isfinite(value)), p.name
+    conv = net.conv1.weight.asnumpy()  # fan_in 3*7*7 = 147, fan_out 64*7*7 = 3136
+    if conv_init == "kaiming_normal":
+        assert conv.std() == pytest.approx(np.sqrt(2 / 3136), rel=0.1)
+        assert abs(conv.mean()) < 0.003
+    elif conv_init == "XavierUniform":
+        bound = np.sqrt(6 / (147 + 3136))
+        assert np.abs(conv).max() <= bound + 1e-7
+        assert conv.std() == pytest.approx(bound / np.sqrt(3), rel=0.1)
+    else:
+        assert 0.015 < conv.std() < 0.021
+    weight, bias = net.fc.weight.asnumpy(), net.fc.bias.asnumpy()
+    if dense_init == "default":
+        bound = 1 / np.sqrt(512)
+        assert np.abs(weight).max() <= bound + 1e-7 and np.abs(bias).max() <= bound + 1e-7
+        assert weight.std() == pytest.approx(bound / np.sqrt(3), rel=0.15)
+        assert np.any(bias != 0)
+    else:
+        assert np.all(bias == 0)
+        assert weight.std() == pytest.approx(0.01, rel=0.2)
+
+
+@pytest.mark.parametrize("kwargs,word", [
+    ({"net_name": "resnet20"}, "resnet20"),
+    ({"net_name": "resnet50", "conv_init": "he_normal"}, "he_normal"),
+    ({"net_name": "resnet50", "dense_init": "zeros"}, "zeros"),
+])
+def test_unknown_options_raise(kwargs, word):
+    with pytest.raises(UserInputError, match=word):
+        create_model(**kwargs)
+
+
+def correlate_reference(x, w, stride, pad_before, pad_after):
+    """Plain cross-correlation (NCHW x OIHW) with zero padding, in float64."""
+    pads = (pad_before, pad_after)
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), pads, pads))
+    n, _, h, wd = x.shape
+    o, _, k, _ = w.shape
+    out_h, out_w = (h - k) // stride + 1, (wd - k) // stride + 1
+    out = np.zeros((n, o, out_h, out_w))
+    for i in range(out_h):
+        for j in range(out_w):
+            patch = x[:, :, i * stride:i * stride + k, j * stride:j * stride + k]
+            out[:, :, i, j] = np.tensordot(patch, w.astype(np.float64), axes=([1, 2, 3], [1, 2, 3]))
+    return out
+
+
+@pytest.mark.parametrize("which", ["stem7x7", "block3x3", "downsample1x1"])
+def test_stride_2_convolutions_pad_symmetrically(which):
+    net = model("resnet18", num_classes=10)
+    conv, channels = {"stem7x7": (net.conv1, 3), "block3x3": (net.layer2[0].conv1, 64),
+                      "downsample1x1": (net.layer2[0].downsample[0], 64)}[which]
+    # an even side: 'same' padding would pad one more row/column at the bottom/right than at the top/left
+    x = np.random.default_rng(1).standard_normal((1, channels, 10, 10)).astype(np.float32)
+    w = conv.weight.asnumpy()
+    got = conv(Tensor(x)).asnumpy()
+    pad = w.shape[-1] // 2
+    want = correlate_reference(x, w, 2, pad, pad)
+    assert got.shape == want.shape == (1, w.shape[0], 5, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the asymmetric ('same') alternative differs, so the comparison above can tell them apart
+    if pad:
+        same = correlate_reference(x, w, 2, pad - 1, pad)
+        assert same.shape == want.shape
+        assert np.abs(same - want).max() > 1e-2
