@@ -1,41 +1,54 @@
-"""Train a ResNet on CIFAR-10 or an ImageNet-style folder.
+"""Train a ResNet on CIFAR-10 or an ImageNet-style folder: standalone or data-parallel.
 
     python train.py --config_path config/resnet50_cifar10.yaml --data_path /data/cifar-10-batches-bin
-    python train.py --help      # every config key, its type and default
+    python train.py --config_path ... --resume True          # continue the run in its run folder
+    bash scripts/run_distribute_train.sh DATASET_PATH CONFIG_PATH --workers 8
+    python train.py --help                                   # every config key, its type and default
 """
 import os
 import random
-import sys
 from typing import Optional, Sequence
 
 import numpy as np
 import mindspore as ms
 import mindspore.dataset as mds
-from mindspore.train import FixedLossScaleManager, Model, ModelCheckpoint, CheckpointConfig
+from mindspore.train import Model
 
-from src.callbacks import TrainMonitor
+from src.callbacks import CheckpointSaver, EvalMonitor, FinalState, RecordPlotter, TrainMonitor
+from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches,
+                            raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
 from src.config import Config, load_config, run_dir, save_config
-from src.dataset import create_dataset
+from src.dataset import create_dataset, set_start_epoch
 from src.device import init_device
-from src.errors import run_cli
+from src.distributed import check_fusion_points, fusion_split_points, init_distributed, set_data_parallel
+from src.errors import UserInputError, run_cli
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
 from src.optimizer import create_optimizer
+from src.precision import create_loss_scale_manager, optimizer_loss_scale, resolve_amp_level
 from src.resnet import create_model
+from src.run_record import RunRecord
 
 
 def seed_everything(seed: int) -> None:
-    """One seed for MindSpore, its data pipeline, NumPy and Python."""
+    """One seed for MindSpore, its data pipeline, NumPy and Python (the same on every rank)."""
     ms.set_seed(seed)
     mds.config.set_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
 
 
-def create_train_dataset(cfg: Config):
+def create_train_dataset(cfg: Config, rank: int, group_size: int):
     return create_dataset(cfg.dataset, cfg.data_path, training=True, batch_size=cfg.batch_size,
                           image_size=cfg.train_image_size, class_num=cfg.class_num,
-                          num_parallel_workers=cfg.num_parallel_workers, seed=cfg.seed)
+                          num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size,
+                          shard_id=rank, seed=cfg.seed)
+
+
+def create_eval_dataset(cfg: Config, rank: int, group_size: int):
+    return create_dataset(cfg.dataset, cfg.eval_dataset_path or cfg.data_path, training=False,
+                          batch_size=cfg.batch_size, image_size=cfg.eval_image_size, class_num=cfg.class_num,
+                          num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size, shard_id=rank)
 
 
 def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
@@ -47,41 +60,134 @@ def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
         gamma=cfg.lr_decay_factor, power=cfg.lr_poly_power)
 
 
-def create_callbacks(cfg: Config, steps_per_epoch: int, lrs: np.ndarray, folder: str) -> list:
-    callbacks = [TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
-                              global_batch=cfg.batch_size, lrs=lrs, log_interval=cfg.log_interval)]
-    if cfg.save_checkpoint:
-        every = CheckpointConfig(save_checkpoint_steps=cfg.save_checkpoint_epochs * steps_per_epoch,
-                                 keep_checkpoint_max=cfg.keep_checkpoint_max)
-        callbacks.append(ModelCheckpoint(prefix=cfg.net_name, directory=folder, config=every))
-    return callbacks
+def create_network(cfg: Config):
+    net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
+                       dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual,
+                       freeze_bn=cfg.freeze_bn)
+    if cfg.pre_trained:
+        skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
+                                  filter_weight=cfg.filter_weight,
+                                  what=f"{cfg.net_name} with class_num {cfg.class_num}")
+        print(f"loaded pre-trained weights from {cfg.pre_trained}"
+              + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""), flush=True)
+    return net
+
+
+def fusion_points(cfg: Config, net) -> list:
+    """The allreduce fusion split points: the config's (validated) or derived from the network."""
+    sizes = [int(np.prod(p.shape)) for p in net.trainable_params()]
+    if cfg.all_reduce_fusion_config:
+        return check_fusion_points(cfg.all_reduce_fusion_config, len(sizes))
+    return fusion_split_points(sizes)
+
+
+def resume_checkpoint(cfg: Config, folder: str, steps_per_epoch: int) -> Optional[str]:
+    """The checkpoint to continue from: resume_ckpt, or the newest in the run folder with --resume."""
+    if cfg.resume_ckpt:
+        return cfg.resume_ckpt
+    if cfg.resume:
+        return find_latest(folder, cfg.net_name, steps_per_epoch)
+    return None
+
+
+def check_fresh_run_folder(folder: str, net_name: str) -> None:
+    """A new run never overwrites another run's checkpoints or record."""
+    if list_checkpoints(folder, net_name) or os.path.exists(os.path.join(folder, "metrics.csv")):
+        raise UserInputError(f"run folder {folder} already holds a run; continue it with --resume True, "
+                             f"or pick another --output_dir")
+
+
+def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_size: int) -> int:
+    """Restore the whole training state from `path`; returns the number of epochs already done."""
+    params = read_checkpoint(path)
+    raise_if_mismatched(network_mismatches(net, params), path, "this network", "resume with the same config")
+    epochs_done, step = training_position(params, path)
+    if step != epochs_done * steps_per_epoch:
+        raise UserInputError(f"checkpoint {path} is at step {step}, not at the end of an epoch of "
+                             f"{steps_per_epoch} steps; resume from an end-of-epoch checkpoint (or the "
+                             f"batch size or dataset changed)")
+    if epochs_done >= epoch_size:
+        raise UserInputError(f"checkpoint {path} is at epoch {epochs_done} of {epoch_size}: the run is "
+                             f"complete; raise --epoch_size to train on")
+    restore_training_state(model.train_network, params, path)
+    return epochs_done
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="train.py")
+    amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
+    loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale, cfg.device_target,
+                                                   amp_level)
     init_device(cfg.device_target, device_id=cfg.device_id, mode_name=cfg.mode_name)
+    rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     seed_everything(cfg.seed)
     folder = run_dir(cfg)
+    log = print if rank == 0 else (lambda message: print(f"[rank {rank}] {message}", flush=True))
 
-    dataset = create_train_dataset(cfg)
+    net = create_network(cfg)
+    if group_size > 1:
+        set_data_parallel(group_size, fusion_points(cfg, net))
+    dataset = create_train_dataset(cfg, rank, group_size)
     steps_per_epoch = dataset.get_dataset_size()
     lrs = create_schedule(cfg, steps_per_epoch)
-    net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
-                       dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual)
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
     optimizer = create_optimizer(net, name=cfg.optimizer, learning_rate=lrs, weight_decay=cfg.weight_decay,
-                                 momentum=cfg.momentum, loss_scale=cfg.loss_scale)
-    model = Model(net, loss_fn=loss, optimizer=optimizer,
-                  loss_scale_manager=FixedLossScaleManager(cfg.loss_scale, drop_overflow_update=False))
+                                 momentum=cfg.momentum,
+                                 loss_scale=optimizer_loss_scale(loss_scale_manager, cfg.loss_scale))
+    model = Model(net, loss_fn=loss, optimizer=optimizer, amp_level=amp_level,
+                  loss_scale_manager=loss_scale_manager)
 
-    os.makedirs(folder, exist_ok=True)
-    save_config(cfg, os.path.join(folder, "config.yaml"))
-    print(f"training {cfg.net_name} on {cfg.dataset} ({cfg.data_path}): {cfg.epoch_size} epochs x "
-          f"{steps_per_epoch} steps of {cfg.batch_size}; run folder {folder}", flush=True)
-    model.train(cfg.epoch_size, dataset, callbacks=create_callbacks(cfg, steps_per_epoch, lrs, folder),
-                dataset_sink_mode=False)
+    resume_from = resume_checkpoint(cfg, folder, steps_per_epoch)
+    start_epoch = 0
+    if resume_from:
+        start_epoch = resume_position(resume_from, net, model, steps_per_epoch, cfg.epoch_size)
+    elif rank == 0:
+        check_fresh_run_folder(folder, cfg.net_name)
+    set_start_epoch(dataset, start_epoch)
+    first_step = start_epoch * steps_per_epoch
+
+    record = None
+    if rank == 0:  # only rank 0 writes into the run folder
+        os.makedirs(folder, exist_ok=True)
+        save_config(cfg, os.path.join(folder, "config.yaml"))
+        record = RunRecord(folder, resume_step=first_step if resume_from else None)
+    callbacks = [TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
+                              global_batch=cfg.batch_size * group_size, lrs=lrs, log_interval=cfg.log_interval,
+                              first_step=first_step, record=record, log=log)]
+    if cfg.run_eval:
+        callbacks.append(EvalMonitor(net=net, dataset=create_eval_dataset(cfg, rank, group_size),
+                                     num_classes=cfg.class_num, group_size=group_size, epoch_size=cfg.epoch_size,
+                                     eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
+                                     best_folder=folder if cfg.save_best_ckpt and rank == 0 else None,
+                                     best_top1=best_top1(folder) if resume_from else -1.0,
+                                     record=record, log=log))
+    if rank == 0:
+        if cfg.save_checkpoint:
+            callbacks.append(CheckpointSaver(folder=folder, net_name=cfg.net_name, steps_per_epoch=steps_per_epoch,
+                                             epoch_size=cfg.epoch_size, save_epochs=cfg.save_checkpoint_epochs,
+                                             save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
+                                             first_step=first_step))
+        callbacks.append(RecordPlotter(record))
+    callbacks.append(FinalState(net=net, folder=folder, rank=rank, first_step=first_step))
+
+    sink = cfg.dataset_sink_mode
+    log(f"training {cfg.net_name} on {cfg.dataset} ({cfg.data_path}): epochs {start_epoch + 1}..{cfg.epoch_size} x "
+        f"{steps_per_epoch} steps of {cfg.batch_size} x {group_size} rank(s); amp {amp_level}; "
+        f"run folder {folder}" + (f"; resumed from {resume_from}" if resume_from else ""))
+    if sink and cfg.device_target == "CPU":
+        log("dataset_sink_mode: MindSpore has no CPU sink, so steps run one by one (logs stay per step)")
+    model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=sink,
+                sink_size=cfg.sink_size if sink else -1, initial_epoch=start_epoch)
     return 0
+
+
+def best_top1(folder: str) -> float:
+    """The top-1 stored in the run's best.ckpt, so a resumed run keeps the real best."""
+    path = os.path.join(folder, "best.ckpt")
+    if not os.path.isfile(path):
+        return -1.0
+    return float(read_checkpoint(path)["top_1_accuracy"].asnumpy())
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ bash "$ROOT/scripts/setup_env.sh" "$ROOT/requirements.txt"
 source "$ROOT/scripts/common.sh"
 DATA="$ROOT/data/sample"
 CONFIG="$ROOT/config/sample_resnet18.yaml"
-OUTPUT="$ROOT/output/demo"
+OUTPUT="$ROOT/output/demo/$(date +%Y%m%d_%H%M%S)"   # a new run folder each time: nothing is overwritten
 if [[ ! -f "$DATA/cifar10/test_batch.bin" ]]; then
     "$PY" -m src.sample_data "$DATA"
 fi
 bash "$ROOT/scripts/run_standalone_train.sh" "$DATA/cifar10" "$CONFIG" --output_dir "$OUTPUT" "$@"
-CKPT=$(ls -t "$OUTPUT"/resnet18/cifar10/*.ckpt | head -n 1)
+CKPT=$(ls -t "$OUTPUT"/resnet18/cifar10/resnet18-*.ckpt | head -n 1)   # the last epoch
 RESULT=$(bash "$ROOT/scripts/run_eval.sh" "$DATA/cifar10" "$CKPT" "$CONFIG" | tail -n 1)
 "$PY" - "$RESULT" <<'PYTHON'
 import json, sys

@@ -1,9 +1,21 @@
-"""Training callbacks: progress logging with throughput and ETA."""
+"""Training callbacks: progress logs, evaluation during training, checkpoints and the run record.
+
+Steps are global: a resumed run starts counting at `first_step` (the checkpoint's step), because
+MindSpore's own step counter restarts at 1 in every process."""
+import hashlib
+import json
+import os
 import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+from mindspore import nn
 from mindspore.train import Callback
+
+from src.checkpoint import BEST_NAME, checkpoint_name, rotate, save_atomic
+from src.config import write_atomic
+from src.metrics import evaluate
+from src.run_record import RunRecord
 
 
 def _loss_value(outputs) -> float:
@@ -19,60 +31,173 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
-class TrainMonitor(Callback):
-    """Logs every `log_interval` steps: epoch, step, loss, lr, img/s and ETA; then an epoch summary.
+class StepCounter(Callback):
+    """Base for callbacks that need the global step and the step within the epoch."""
 
-    `global_batch` is the number of images one step consumes across all ranks; `lrs` the
-    per-step learning rates of the whole schedule."""
-
-    def __init__(self, *, steps_per_epoch: int, total_steps: int, global_batch: int,
-                 lrs: Sequence[float], log_interval: int = 10,
-                 log: Callable[[str], None] = print):
+    def __init__(self, steps_per_epoch: int, first_step: int = 0):
         super().__init__()
         self.steps_per_epoch = steps_per_epoch
+        self.first_step = first_step
+
+    def global_step(self, run_context) -> int:
+        return self.first_step + run_context.original_args().cur_step_num
+
+    def step_in_epoch(self, step: int) -> int:
+        return (step - 1) % self.steps_per_epoch + 1
+
+
+class TrainMonitor(StepCounter):
+    """Logs every `log_interval` steps (or every sink): epoch, step, loss, lr, img/s, ETA; records
+    the same values in the run record; summarizes each epoch.
+
+    `global_batch` is the number of images one step consumes across all ranks; `lrs` is the
+    whole schedule, indexed by global step."""
+
+    def __init__(self, *, steps_per_epoch: int, total_steps: int, global_batch: int, lrs: Sequence[float],
+                 log_interval: int = 10, first_step: int = 0, record: Optional[RunRecord] = None,
+                 log: Callable[[str], None] = print):
+        super().__init__(steps_per_epoch, first_step)
         self.total_steps = total_steps
         self.global_batch = global_batch
         self.lrs = lrs
         self.log_interval = max(1, log_interval)
+        self.record = record
         self.log = log
-        self.window_start: Optional[float] = None
-        self.window_steps = 0
-        self.epoch_start = 0.0
+        self.wall_offset = record.wall_time_offset if record else 0.0
+        self.run_start = self.window_time = self.epoch_start = time.time()
+        self.window_step = self.logged_step = first_step
         self.epoch_losses = []
-        self.run_start = 0.0
-        self.steps_done = 0
 
     def on_train_begin(self, run_context) -> None:
-        self.run_start = time.time()
+        self.run_start = self.window_time = time.time()
 
     def on_train_epoch_begin(self, run_context) -> None:
         self.epoch_start = time.time()
-        self.window_start = self.epoch_start
-        self.window_steps = 0
         self.epoch_losses = []
 
     def on_train_step_end(self, run_context) -> None:
         params = run_context.original_args()
-        step = params.cur_step_num  # global, 1-based
+        step = self.global_step(run_context)
         loss = _loss_value(params.net_outputs)
         self.epoch_losses.append(loss)
-        self.window_steps += 1
-        self.steps_done += 1
-        step_in_epoch = (step - 1) % self.steps_per_epoch + 1
-        if step_in_epoch % self.log_interval and step_in_epoch != self.steps_per_epoch:
+        at_epoch_end = self.step_in_epoch(step) == self.steps_per_epoch
+        if step - self.logged_step < self.log_interval and not at_epoch_end:
             return
         now = time.time()
-        images_per_second = self.window_steps * self.global_batch / max(now - self.window_start, 1e-9)
-        seconds_per_step = (now - self.run_start) / self.steps_done
-        eta = seconds_per_step * (self.total_steps - step)
+        images_per_second = (step - self.window_step) * self.global_batch / max(now - self.window_time, 1e-9)
+        seconds_per_step = (now - self.run_start) / max(step - self.first_step, 1)
         lr = float(self.lrs[min(step - 1, len(self.lrs) - 1)])
-        self.log(f"epoch {params.cur_epoch_num} step {step_in_epoch}/{self.steps_per_epoch} "
-                 f"loss {loss:.4f} lr {lr:.6f} {images_per_second:.1f} img/s eta {format_duration(eta)}")
-        self.window_start, self.window_steps = now, 0
+        self.log(f"epoch {params.cur_epoch_num} step {self.step_in_epoch(step)}/{self.steps_per_epoch} "
+                 f"loss {loss:.4f} lr {lr:.6f} {images_per_second:.1f} img/s "
+                 f"eta {format_duration(seconds_per_step * (self.total_steps - step))}")
+        if self.record:
+            self.record.add(epoch=params.cur_epoch_num, step=step, loss=loss, lr=lr,
+                            img_per_s=round(images_per_second, 2),
+                            wall_time=round(self.wall_offset + now - self.run_start, 3))
+        self.window_time, self.window_step, self.logged_step = now, step, step
 
     def on_train_epoch_end(self, run_context) -> None:
         params = run_context.original_args()
         seconds = time.time() - self.epoch_start
-        images = len(self.epoch_losses) * self.global_batch
+        images = self.steps_per_epoch * self.global_batch
         self.log(f"epoch {params.cur_epoch_num} done: mean loss {np.mean(self.epoch_losses):.4f} "
                  f"time {seconds:.1f}s {images / max(seconds, 1e-9):.1f} img/s")
+
+
+class EvalMonitor(Callback):
+    """Evaluates after epoch `eval_start_epoch`, then every `eval_interval` epochs (and after the
+    last); keeps `best.ckpt` (with its epoch and top-1 inside) when `best_folder` is given."""
+
+    def __init__(self, *, net: nn.Cell, dataset, num_classes: int, group_size: int, epoch_size: int,
+                 eval_start_epoch: int = 1, eval_interval: int = 1, best_folder: Optional[str] = None,
+                 best_top1: float = -1.0, record: Optional[RunRecord] = None,
+                 log: Callable[[str], None] = print):
+        super().__init__()
+        self.net, self.dataset, self.num_classes, self.group_size = net, dataset, num_classes, group_size
+        self.epoch_size = epoch_size
+        self.eval_start_epoch, self.eval_interval = eval_start_epoch, max(1, eval_interval)
+        self.best_folder, self.best_top1 = best_folder, best_top1
+        self.record, self.log = record, log
+
+    def due(self, epoch: int) -> bool:
+        if epoch < self.eval_start_epoch:
+            return False
+        return (epoch - self.eval_start_epoch) % self.eval_interval == 0 or epoch == self.epoch_size
+
+    def on_train_epoch_end(self, run_context) -> None:
+        params = run_context.original_args()
+        epoch = params.cur_epoch_num
+        if not self.due(epoch):
+            return
+        result = evaluate(self.net, self.dataset, num_classes=self.num_classes, group_size=self.group_size)
+        self.net.set_train(True)
+        self.log(f"epoch {epoch} eval: top-1 {result['top_1_accuracy']:.4f} top-5 "
+                 f"{result['top_5_accuracy']:.4f} loss {result['loss']:.4f} on {result['samples']} images")
+        if self.record:
+            self.record.add(epoch=epoch, step=epoch * params.batch_num, loss=result["loss"],
+                            top_1=result["top_1_accuracy"], top_5=result["top_5_accuracy"])
+        if self.best_folder and result["top_1_accuracy"] > self.best_top1:
+            self.best_top1 = result["top_1_accuracy"]
+            save_atomic(self.net, os.path.join(self.best_folder, BEST_NAME),
+                        append_dict={"epoch_num": epoch, "top_1_accuracy": self.best_top1})
+            self.log(f"epoch {epoch}: new best top-1 {self.best_top1:.4f}, saved {BEST_NAME}")
+
+
+class CheckpointSaver(StepCounter):
+    """Saves the training state (weights, optimizer slots, counters) every `save_epochs` epochs,
+    after the last epoch, and every `save_steps` steps if > 0; keeps the newest `keep`."""
+
+    def __init__(self, *, folder: str, net_name: str, steps_per_epoch: int, epoch_size: int,
+                 save_epochs: int, save_steps: int = 0, keep: int = 10, first_step: int = 0):
+        super().__init__(steps_per_epoch, first_step)
+        self.folder, self.net_name = folder, net_name
+        self.epoch_size, self.save_epochs, self.save_steps, self.keep = epoch_size, save_epochs, save_steps, keep
+        self.saved_step = first_step
+
+    def _save(self, run_context, epoch: int, step: int) -> None:
+        path = os.path.join(self.folder, checkpoint_name(self.net_name, epoch, self.step_in_epoch(step)))
+        save_atomic(run_context.original_args().train_network, path,
+                    append_dict={"epoch_num": epoch if self.step_in_epoch(step) == self.steps_per_epoch
+                                 else epoch - 1, "step_num": step})
+        rotate(self.folder, self.net_name, self.keep)
+        self.saved_step = step
+
+    def on_train_step_end(self, run_context) -> None:
+        step = self.global_step(run_context)
+        if self.save_steps and step - self.saved_step >= self.save_steps \
+                and self.step_in_epoch(step) != self.steps_per_epoch:
+            self._save(run_context, run_context.original_args().cur_epoch_num, step)
+
+    def on_train_epoch_end(self, run_context) -> None:
+        epoch = run_context.original_args().cur_epoch_num
+        if epoch % self.save_epochs == 0 or epoch == self.epoch_size:
+            self._save(run_context, epoch, self.global_step(run_context))
+
+
+class RecordPlotter(Callback):
+    """Redraws the run record's curves after every epoch (after evaluation and saving)."""
+
+    def __init__(self, record: RunRecord):
+        super().__init__()
+        self.record = record
+
+    def on_train_epoch_end(self, run_context) -> None:
+        self.record.plot()
+
+
+class FinalState(Callback):
+    """Writes final_state_rank<r>.json: the global step and a fingerprint of the trainable weights,
+    so the ranks of a data-parallel run can be compared without writing one checkpoint per rank.
+    (BatchNorm moving statistics are per rank, as without synchronized BatchNorm elsewhere.)"""
+
+    def __init__(self, *, net: nn.Cell, folder: str, rank: int, first_step: int = 0):
+        super().__init__()
+        self.net, self.folder, self.rank, self.first_step = net, folder, rank, first_step
+
+    def on_train_end(self, run_context) -> None:
+        digest = hashlib.sha256()
+        for param in self.net.trainable_params():
+            digest.update(param.asnumpy().tobytes())
+        state = {"rank": self.rank, "step": self.first_step + run_context.original_args().cur_step_num,
+                 "trainable_sha256": digest.hexdigest()}
+        write_atomic(os.path.join(self.folder, f"final_state_rank{self.rank}.json"), json.dumps(state) + "\n")

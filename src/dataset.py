@@ -235,6 +235,27 @@ def _transforms(dataset: str, image_size: int):
     return transform, IMAGENET_MEAN, IMAGENET_STD
 
 
+def preprocess_eval_image(image: Image.Image, dataset: str, image_size: int) -> np.ndarray:
+    """One image as evaluation feeds it to the network: float32 CHW, normalized (for prediction).
+
+    The steps of `create_dataset(..., training=False)`, with the same operations: 'imagenet2012'
+    applies the eval transform (short side to image_size / 0.875, center crop); 'cifar10' resizes
+    to image_size x image_size unless the image already has that size (CIFAR evaluates without a
+    crop); then the dataset's normalization."""
+    if dataset not in DATASETS:
+        raise UserInputError(f"unknown dataset '{dataset}'; choose one of {', '.join(DATASETS)}")
+    transform, mean, std = _transforms(dataset, image_size)
+    image = image.convert("RGB")
+    if dataset == "cifar10":
+        array = np.asarray(image)
+        if array.shape[:2] != (image_size, image_size):
+            array = vision.Resize((image_size, image_size))(array)
+    else:
+        array = transform(image, None)
+    array = vision.Normalize([m * 255 for m in mean], [s * 255 for s in std])(np.ascontiguousarray(array))
+    return np.ascontiguousarray(vision.HWC2CHW()(array), dtype=np.float32)
+
+
 def create_source(dataset: str, data_path: str, training: bool):
     """The raw sample source for `dataset` ('cifar10' binary files or 'imagenet2012' folders)."""
     if dataset == "cifar10":
@@ -272,4 +293,11 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
         ops.append(vision.Resize((image_size, image_size)))
     ops += [vision.Normalize([m * 255 for m in mean], [s * 255 for s in std]), vision.HWC2CHW()]
     data = data.map(ops, input_columns="image", num_parallel_workers=num_parallel_workers)
-    return data.batch(batch_size, drop_remainder=training)
+    data = data.batch(batch_size, drop_remainder=training)
+    data.epoch_sampler = sampler
+    return data
+
+
+def set_start_epoch(data: ds.Dataset, epoch: int) -> None:
+    """Make the first epoch `data` yields be `epoch` (for resuming), before it is iterated."""
+    data.epoch_sampler.epoch = epoch

@@ -161,8 +161,17 @@ def _initialize(net: ResNet, conv_init: str, dense_init: str, zero_init_residual
             _set(gamma, np.zeros(gamma.shape))
 
 
+def freeze_batch_norm(net: nn.Cell) -> None:
+    """BatchNorm normalizes with its moving statistics and stops updating them (gamma and beta
+    still train): for small per-device batches, and to compare runs that split batches differently."""
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, nn.BatchNorm2d):
+            cell.use_batch_statistics = False
+
+
 def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "kaiming_normal",
-                 dense_init: str = "default", zero_init_residual: bool = False) -> ResNet:
+                 dense_init: str = "default", zero_init_residual: bool = False,
+                 freeze_bn: bool = False) -> ResNet:
     """Build a ResNet by name ('resnet18' ... 'resnet152')."""
     if net_name not in ARCHS:
         raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(ARCHS)}")
@@ -174,4 +183,6 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
     block = BasicBlock if kind == "basic" else Bottleneck
     net = ResNet(block, layers, num_classes)
     _initialize(net, conv_init, dense_init, zero_init_residual)
+    if freeze_bn:
+        freeze_batch_norm(net)
     return net

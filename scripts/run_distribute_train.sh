@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Data-parallel training: msrun (default) or a rank table, one log per rank, rank 0 on the console.
+usage() {
+    cat <<USAGE
+usage: bash scripts/run_distribute_train.sh [RANK_TABLE_FILE] DATASET_PATH CONFIG_PATH [OPTIONS] [--KEY VALUE ...]
+
+  RANK_TABLE_FILE   optional .json rank table (older Ascend set-ups); without it msrun launches the ranks
+  DATASET_PATH      CIFAR-10 binary folder or a folder of class folders
+  CONFIG_PATH       a yaml file from config/
+
+Options:
+  --workers N        ranks in the whole job (default 8)
+  --local_workers N  ranks on this node (default: --workers)
+  --device_target T  Ascend (default), GPU or CPU
+  --master_addr A    address of node 0 (default 127.0.0.1)
+  --master_port P    port on node 0 (default 8118)
+  --node_rank R      this node's index for multi-node msrun (default 0)
+  --dry_run          print the launch command(s) and exit
+Other --KEY VALUE pairs are config overrides for train.py.
+
+Logs: <run folder>/logs/worker_<rank>.log (msrun) or rank_<rank>.log (rank table); the console
+follows rank 0. The script waits for every rank and exits non-zero if any failed.
+USAGE
+}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+[[ ${1:-} == -h || ${1:-} == --help ]] && { usage; exit 0; }
+
+RANK_TABLE=""
+if [[ ${1:-} == *.json ]]; then RANK_TABLE=$1; shift; fi
+[[ $# -ge 2 && ${1:0:2} != -- && ${2:0:2} != -- ]] || { usage >&2; die "DATASET_PATH and CONFIG_PATH are required"; }
+DATASET_PATH=$1; CONFIG_PATH=$2; shift 2
+WORKERS=8; LOCAL_WORKERS=""; DEVICE_TARGET=Ascend; MASTER_ADDR=127.0.0.1; MASTER_PORT=8118; NODE_RANK=0; DRY_RUN=0
+OVERRIDES=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --workers) WORKERS=$2; shift 2 ;;
+        --local_workers) LOCAL_WORKERS=$2; shift 2 ;;
+        --device_target) DEVICE_TARGET=$2; shift 2 ;;
+        --master_addr) MASTER_ADDR=$2; shift 2 ;;
+        --master_port) MASTER_PORT=$2; shift 2 ;;
+        --node_rank) NODE_RANK=$2; shift 2 ;;
+        --dry_run) DRY_RUN=1; shift ;;
+        *) OVERRIDES+=("$1"); shift ;;
+    esac
+done
+LOCAL_WORKERS=${LOCAL_WORKERS:-$WORKERS}
+for n in "$WORKERS" "$LOCAL_WORKERS" "$MASTER_PORT" "$NODE_RANK"; do
+    [[ $n =~ ^[0-9]+$ ]] || die "expected a whole number, got '$n'"
+done
+[[ $WORKERS -ge 1 && $LOCAL_WORKERS -ge 1 && $LOCAL_WORKERS -le $WORKERS ]] ||
+    die "--local_workers ($LOCAL_WORKERS) must be between 1 and --workers ($WORKERS)"
+[[ -f $CONFIG_PATH ]] || die "config file not found: $CONFIG_PATH"
+if [[ $DRY_RUN -eq 0 ]]; then   # a dry run only prints, so it may name paths of another machine
+    [[ -z $RANK_TABLE || -f $RANK_TABLE ]] || die "rank table not found: $RANK_TABLE"
+    [[ -d $DATASET_PATH ]] || die "dataset folder not found: $DATASET_PATH"
+fi
+
+count_devices() {
+    case $1 in
+        Ascend) ls /dev/davinci[0-9]* 2>/dev/null | wc -l ;;
+        GPU) (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' ;;
+        CPU) echo 1000000 ;;
+        *) die "unknown --device_target '$1'; choose Ascend, GPU or CPU" ;;
+    esac
+}
+
+TRAIN_ARGS=(--config_path "$CONFIG_PATH" --data_path "$DATASET_PATH" --device_target "$DEVICE_TARGET"
+            --run_distribute True --device_num "$WORKERS" "${OVERRIDES[@]}")
+if [[ $DRY_RUN -eq 1 ]]; then
+    RUN_DIR=$("$PY" -m src.config --run_dir "${TRAIN_ARGS[@]}" 2>/dev/null) || RUN_DIR="<run folder>"
+else
+    require_env
+    AVAILABLE=$(count_devices "$DEVICE_TARGET")
+    [[ $LOCAL_WORKERS -le $AVAILABLE ]] ||
+        die "asked for $LOCAL_WORKERS $DEVICE_TARGET devices on this node but found $AVAILABLE; lower --workers/--local_workers"
+    RUN_DIR=$(resolve_run_dir "${TRAIN_ARGS[@]}") || exit $?
+fi
+LOG_DIR="$RUN_DIR/logs"
+
+show() { printf '%q ' "$@" | sed 's/ $//'; echo; }
+
+if [[ -z $RANK_TABLE ]]; then
+    COMMAND=(msrun --worker_num="$WORKERS" --local_worker_num="$LOCAL_WORKERS" --master_addr="$MASTER_ADDR"
+             --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True
+             --cluster_time_out=600 "$ROOT/train.py" "${TRAIN_ARGS[@]}")
+    if [[ $DRY_RUN -eq 1 ]]; then show "${COMMAND[@]}"; exit 0; fi
+    mkdir -p "$LOG_DIR"
+    export PATH="$ROOT/.venv/bin:$PATH"   # msrun starts `python` from PATH
+    FIRST_LOG="$LOG_DIR/worker_$((NODE_RANK * LOCAL_WORKERS)).log"
+    "${COMMAND[@]}" > "$LOG_DIR/msrun.log" 2>&1 &
+    LAUNCHER=$!
+else
+    FIRST_RANK=$((NODE_RANK * LOCAL_WORKERS))
+    if [[ $DRY_RUN -eq 1 ]]; then
+        for ((i = 0; i < LOCAL_WORKERS; i++)); do
+            printf 'RANK_TABLE_FILE=%q RANK_SIZE=%s RANK_ID=%s DEVICE_ID=%s ' "$RANK_TABLE" "$WORKERS" $((FIRST_RANK + i)) "$i"
+            show "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}"
+        done
+        exit 0
+    fi
+    mkdir -p "$LOG_DIR"
+    FIRST_LOG="$LOG_DIR/rank_$FIRST_RANK.log"
+    PIDS=()
+    for ((i = 0; i < LOCAL_WORKERS; i++)); do
+        RANK_TABLE_FILE=$RANK_TABLE RANK_SIZE=$WORKERS RANK_ID=$((FIRST_RANK + i)) DEVICE_ID=$i \
+            "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}" > "$LOG_DIR/rank_$((FIRST_RANK + i)).log" 2>&1 &
+        PIDS+=($!)
+    done
+    # Wait for all ranks; the first failure stops the others instead of leaving them hanging.
+    wait_ranks() {
+        local remaining=${#PIDS[@]} status
+        while [[ $remaining -gt 0 ]]; do
+            wait -n "${PIDS[@]}"; status=$?
+            if [[ $status -ne 0 ]]; then kill "${PIDS[@]}" 2>/dev/null; return $status; fi
+            remaining=$((remaining - 1))
+        done
+        return 0
+    }
+fi
+
+echo "logs: $LOG_DIR (console follows $(basename "$FIRST_LOG"))"
+touch "$FIRST_LOG"
+tail -n +1 -F "$FIRST_LOG" 2>/dev/null &
+TAIL=$!
+if [[ -z $RANK_TABLE ]]; then
+    wait "$LAUNCHER"; STATUS=$?
+else
+    wait_ranks; STATUS=$?
+fi
+sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null
+if [[ $STATUS -ne 0 ]]; then
+    echo "error: distributed training failed (exit $STATUS); see the logs in $LOG_DIR" >&2
+fi
+exit $STATUS

@@ -1,0 +1,72 @@
+"""The run record: metrics.csv (one row per logged step and per evaluation) and curves.png."""
+import csv
+import os
+from typing import Dict, List, Optional
+
+from src.config import write_atomic
+
+COLUMNS = ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time"]
+
+
+class RunRecord:
+    """Appends rows to `folder`/metrics.csv and redraws `folder`/curves.png on request.
+
+    On resume, rows past the resumed step are dropped first: those steps are trained again."""
+
+    def __init__(self, folder: str, resume_step: Optional[int] = None):
+        self.csv_path = os.path.join(folder, "metrics.csv")
+        self.png_path = os.path.join(folder, "curves.png")
+        self.rows: List[Dict[str, str]] = []
+        if resume_step is not None and os.path.isfile(self.csv_path):
+            with open(self.csv_path, newline="", encoding="utf-8") as handle:
+                self.rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= resume_step]
+        self._rewrite()
+
+    @property
+    def wall_time_offset(self) -> float:
+        """Wall time already spent by the runs this one continues."""
+        times = [float(row["wall_time"]) for row in self.rows if row.get("wall_time")]
+        return max(times, default=0.0)
+
+    def _rewrite(self) -> None:
+        lines = [",".join(COLUMNS)] + [",".join(row.get(c, "") for c in COLUMNS) for row in self.rows]
+        write_atomic(self.csv_path, "\n".join(lines) + "\n")
+
+    def add(self, **values) -> None:
+        """Append one row; missing columns stay empty."""
+        row = {column: _format(values.get(column)) for column in COLUMNS}
+        self.rows.append(row)
+        with open(self.csv_path, "a", encoding="utf-8") as handle:
+            handle.write(",".join(row[c] for c in COLUMNS) + "\n")
+
+    def plot(self) -> None:
+        """Draw loss and lr against step, and top-1/top-5 against epoch, into curves.png."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        train = [r for r in self.rows if r["loss"] and not r["top_1"]]
+        evals = [r for r in self.rows if r["top_1"]]
+        figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+        axes[0].plot([int(r["step"]) for r in train], [float(r["loss"]) for r in train])
+        axes[0].set(title="training loss", xlabel="step")
+        axes[1].plot([int(r["step"]) for r in train], [float(r["lr"]) for r in train])
+        axes[1].set(title="learning rate", xlabel="step")
+        for column in ("top_1", "top_5"):
+            axes[2].plot([int(r["epoch"]) for r in evals], [float(r[column]) for r in evals], marker="o",
+                         label=column.replace("_", "-"))
+        axes[2].set(title="evaluation accuracy", xlabel="epoch", ylim=(0, 1))
+        axes[2].legend(loc="lower right")
+        figure.tight_layout()
+        tmp = self.png_path + ".tmp.png"
+        figure.savefig(tmp, dpi=80)
+        plt.close(figure)
+        os.replace(tmp, self.png_path)
+
+
+def _format(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.9g}"
+    return str(value)

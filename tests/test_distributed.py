@@ -1,0 +1,160 @@
+"""Data-parallel training and evaluation through real msrun ranks on CPU."""
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+
+from conftest import PYTHON, REPO, run
+from src.checkpoint import network_part
+from src.distributed import check_fusion_points, fusion_split_points
+from src.errors import UserInputError
+from src.precision import create_loss_scale_manager, resolve_amp_level
+from src.resnet import create_model
+
+CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
+DIST_SH = str(REPO / "scripts" / "run_distribute_train.sh")
+# Frozen BatchNorm: per-rank batch statistics legitimately differ from one batch of 2b.
+COMMON = ["--epoch_size", "1", "--log_interval", "1", "--run_eval", "False", "--freeze_bn", "True",
+          "--lr_max", "0.02", "--warmup_epochs", "0"]
+RUN = Path("resnet18") / "cifar10"
+
+
+def trainable(path: Path) -> dict:
+    """The trainable weights of a checkpoint (no BatchNorm moving statistics, no optimizer state)."""
+    return {name: value.asnumpy() for name, value in network_part(ms.load_checkpoint(str(path))).items()
+            if "moving_" not in name}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cifar_dir):
+    """2 ranks at batch 8 through the launcher (sink mode on), and 1 process at batch 16."""
+    out = tmp_path_factory.mktemp("dist")
+    launched = run(["bash", DIST_SH, str(cifar_dir), CONFIG, "--workers", "2", "--device_target", "CPU",
+                    "--master_port", "8161", "--output_dir", str(out / "dp"), "--batch_size", "8",
+                    "--dataset_sink_mode", "True"] + COMMON)
+    single = run([PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir),
+                  "--output_dir", str(out / "single"), "--batch_size", "16"] + COMMON)
+    return out, launched, single
+
+
+def test_two_ranks_finish_with_identical_weights(runs):
+    out, launched, _ = runs
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    folder = out / "dp" / RUN
+    states = [json.loads((folder / f"final_state_rank{r}.json").read_text()) for r in (0, 1)]
+    assert states[0]["step"] == states[1]["step"] == 12
+    assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
+    assert (folder / "logs" / "worker_0.log").stat().st_size > 0
+    assert (folder / "logs" / "worker_1.log").stat().st_size > 0
+    # Only rank 0 writes into the run folder; rank 1 writes nothing but its own final state.
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == [
+        "config.yaml", "curves.png", "final_state_rank0.json", "final_state_rank1.json", "metrics.csv",
+        "resnet18-1_12.ckpt"]
+    steps = [line.split(",")[1] for line in (folder / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == [str(s) for s in range(1, 13)]  # sink mode on CPU still logs every step
+
+
+def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs):
+    out, launched, single = runs
+    assert launched.returncode == 0 and single.returncode == 0, single.stderr[-2000:]
+    parallel = trainable(out / "dp" / RUN / "resnet18-1_12.ckpt")
+    alone = trainable(out / "single" / RUN / "resnet18-1_12.ckpt")
+    assert len(alone) == 62
+    worst = max(float(np.abs(parallel[name] - alone[name]).max()) for name in alone)
+    assert worst < 1e-5, worst
+
+
+def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):
+    out, _, _ = runs
+    ckpt = str(out / "single" / RUN / "resnet18-1_12.ckpt")
+    args = ["--config_path", CONFIG, "--data_path", str(cifar_dir), "--checkpoint_file_path", ckpt,
+            "--batch_size", "16"]
+    single = run([PYTHON, "eval.py"] + args)
+    assert single.returncode == 0, single.stderr[-2000:]
+    expected = json.loads(single.stdout.strip().splitlines()[-1])
+    logs = tmp_path / "logs"
+    launched = run([str(Path(PYTHON).parent / "msrun"), "--worker_num=2", "--local_worker_num=2", "--master_port=8162",
+                    f"--log_dir={logs}", "--join=True", str(REPO / "eval.py")] + args +
+                   ["--run_distribute", "True", "--device_num", "2"],
+                   env=dict(os.environ, PATH=f"{Path(PYTHON).parent}:{os.environ['PATH']}"))  # msrun runs `python`
+    assert launched.returncode == 0, launched.stdout[-2000:]
+    reports = []
+    for rank in (0, 1):
+        lines = [l for l in (logs / f"worker_{rank}.log").read_text().splitlines() if l.startswith("{")]
+        reports.append(json.loads(lines[-1]))
+    assert expected["samples"] == 101
+    for report in reports:
+        assert report["samples"] == 101
+        assert report["top_1_accuracy"] == expected["top_1_accuracy"]
+        assert report["top_5_accuracy"] == expected["top_5_accuracy"]
+        assert report["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+
+
+def readme_dry_runs():
+    """(command, expected output lines) for each dry run shown in the README."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```text\n\$ (bash scripts/run_distribute_train\.sh [^\n]*--dry_run[^\n]*)\n(.*?)```",
+                        text, re.S)
+    return [(shlex.split(command), output.strip().splitlines()) for command, output in blocks]
+
+
+def test_dry_runs_match_readme():
+    cases = readme_dry_runs()
+    assert len(cases) >= 2  # msrun and rank table
+    for args, expected in cases:
+        result = run(args)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.replace(str(REPO), "/path/to/repo").strip().splitlines() == expected
+    assert any(line.startswith("msrun --worker_num=8") for _, lines in cases for line in lines)
+    assert any(line.startswith("RANK_TABLE_FILE=") for _, lines in cases for line in lines)
+
+
+def test_launcher_refuses_more_devices_than_exist(tmp_path, cifar_dir):
+    out = tmp_path / "out"
+    for extra in (["--device_target", "Ascend"], ["--device_target", "GPU", "--workers", "2"]):
+        result = run(["bash", DIST_SH, str(cifar_dir), CONFIG, "--output_dir", str(out)] + extra)
+        assert result.returncode == 2
+        assert len(result.stderr.strip().splitlines()) == 1 and "devices" in result.stderr
+    result = run(["bash", DIST_SH, str(tmp_path / "missing.json"), str(cifar_dir), CONFIG, "--device_target", "CPU"])
+    assert result.returncode == 2 and "rank table not found" in result.stderr
+    assert not out.exists()
+
+
+def test_train_py_alone_refuses_run_distribute(cifar_dir, tmp_path):
+    result = run([PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir),
+                  "--output_dir", str(tmp_path), "--run_distribute", "True", "--device_num", "2"])
+    assert result.returncode == 2 and "launcher" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("net_name", ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"])
+def test_fusion_split_points_fit_every_depth(net_name):
+    sizes = [int(np.prod(p.shape)) for p in create_model(net_name, num_classes=10).trainable_params()]
+    points = fusion_split_points(sizes)
+    assert points == sorted(set(points)) and 1 <= points[0] and points[-1] == len(sizes) - 1
+    assert check_fusion_points(points, len(sizes)) == points
+    if net_name == "resnet50":
+        assert len(sizes) == 161 and points[-1] == 160
+
+
+@pytest.mark.parametrize("points", [[160, 85], [85, 161], [0, 85], [85, 85], [1.5]])
+def test_bad_fusion_config_is_rejected(points):
+    with pytest.raises(UserInputError):
+        check_fusion_points(points, 161)
+
+
+def test_precision_defaults_and_cpu_limits():
+    assert resolve_amp_level("auto", "CPU") == "O0"
+    assert resolve_amp_level("auto", "Ascend") == "O2"
+    assert create_loss_scale_manager("none", 1024.0, "CPU", "O2") is None
+    assert create_loss_scale_manager("fixed", 1024.0, "CPU", "O2").get_loss_scale() == 1024.0
+    with pytest.raises(UserInputError, match="dynamic"):
+        create_loss_scale_manager("dynamic", 1024.0, "CPU", "O2")
+    with pytest.raises(UserInputError):
+        resolve_amp_level("O4", "CPU")

@@ -1,0 +1,160 @@
+"""Checkpoint lifecycle: exact resume after SIGKILL, atomic saves, best checkpoint, fine-tuning,
+bad checkpoints, and the run record."""
+import csv
+import hashlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import mindspore as ms
+
+from conftest import PYTHON, REPO, run
+from src.checkpoint import read_checkpoint
+
+CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
+RUN = Path("resnet18") / "cifar10"
+# 12 steps per epoch (200 images, batch 16); every step logged so per-step losses can be compared.
+TRAIN = ["--config_path", CONFIG, "--batch_size", "16", "--log_interval", "1", "--run_eval", "False",
+         "--lr_max", "0.05", "--warmup_epochs", "0"]
+
+
+def train_args(data: Path, out: Path, *extra: str) -> list:
+    return [PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(out)] + TRAIN + list(extra)
+
+
+def read_rows(folder: Path) -> list:
+    with open(folder / "metrics.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def step_losses(folder: Path) -> dict:
+    return {int(r["step"]): float(r["loss"]) for r in read_rows(folder) if r["loss"] and not r["top_1"]}
+
+
+def weights(path: Path) -> dict:
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items()
+            if not k.startswith(("learning_rate",))}
+
+
+def kill_when(process: subprocess.Popen, path: Path, delay: float = 0.0, timeout: float = 300) -> None:
+    """SIGKILL `process` `delay` seconds after `path` appears."""
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    time.sleep(delay)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cifar_dir) -> Path:
+    out = tmp_path_factory.mktemp("straight")
+    result = run(train_args(cifar_dir, out, "--epoch_size", "3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out / RUN
+
+
+def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_dir, tmp_path):
+    folder = tmp_path / RUN
+    process = subprocess.Popen(train_args(cifar_dir, tmp_path, "--epoch_size", "3"), cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    kill_when(process, folder / "resnet18-1_12.ckpt", delay=0.5)
+    assert process.returncode == -signal.SIGKILL
+    assert not (folder / "resnet18-3_12.ckpt").exists()
+
+    resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    expected, got = step_losses(uninterrupted), step_losses(folder)
+    assert sorted(got) == list(range(1, 37)) == sorted(expected)  # each step recorded exactly once
+    assert max(abs(expected[s] - got[s]) for s in expected) < 1e-5
+    final_expected = weights(uninterrupted / "resnet18-3_12.ckpt")
+    final_got = weights(folder / "resnet18-3_12.ckpt")
+    assert max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected) < 1e-5
+
+
+def test_run_record_files_exist_and_parse(uninterrupted):
+    rows = read_rows(uninterrupted)
+    assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time"]
+    assert len(rows) == 36 and all(float(r["img_per_s"]) > 0 for r in rows)
+    assert [float(r["wall_time"]) for r in rows] == sorted(float(r["wall_time"]) for r in rows)
+    with Image.open(uninterrupted / "curves.png") as image:
+        assert image.format == "PNG" and image.width > 100 and image.height > 100
+    assert "epoch_size: 3" in (uninterrupted / "config.yaml").read_text()
+
+
+def test_kill_during_saves_leaves_only_loadable_checkpoints(cifar_dir, tmp_path):
+    # A checkpoint every step: most of the time is spent saving, so the kills land mid-save.
+    for attempt, delay in enumerate((0.05, 0.2, 0.45)):
+        out = tmp_path / str(attempt)
+        process = subprocess.Popen(train_args(cifar_dir, out, "--epoch_size", "3", "--save_checkpoint_steps", "1",
+                                              "--keep_checkpoint_max", "3"),
+                                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        kill_when(process, out / RUN / "resnet18-1_2.ckpt", delay)
+        finals = sorted((out / RUN).glob("resnet18-*.ckpt"))
+        assert finals
+        for path in finals:
+            read_checkpoint(str(path))  # raises on a truncated or corrupt file
+
+
+def test_best_checkpoint_holds_the_best_epoch(cifar_dir, tmp_path):
+    result = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--run_eval", "True", "--save_checkpoint",
+                            "False"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / RUN
+    evals = [r for r in read_rows(folder) if r["top_1"]]
+    assert [int(r["epoch"]) for r in evals] == [1, 2, 3]
+    best = max(evals, key=lambda r: (float(r["top_1"]), -int(r["epoch"])))
+    stored = ms.load_checkpoint(str(folder / "best.ckpt"))
+    assert int(stored["epoch_num"].asnumpy()) == int(best["epoch"])
+    assert float(stored["top_1_accuracy"].asnumpy()) == pytest.approx(float(best["top_1"]))
+
+
+@pytest.fixture(scope="module")
+def pretrained(uninterrupted) -> Path:
+    return uninterrupted / "resnet18-1_12.ckpt"
+
+
+def test_fine_tune_with_another_class_count(pretrained, cifar_dir, tmp_path):
+    frozen_lr = ["--lr_init", "0", "--lr_max", "0", "--lr_end", "0", "--weight_decay", "0", "--epoch_size", "1"]
+    refused = run(train_args(cifar_dir, tmp_path / "a", "--class_num", "12", "--pre_trained", str(pretrained)))
+    assert refused.returncode == 2 and "filter_weight" in refused.stderr and "fc.weight" in refused.stderr
+    assert not (tmp_path / "a").exists()
+    tuned = run(train_args(cifar_dir, tmp_path / "b", "--class_num", "12", "--pre_trained", str(pretrained),
+                           "--filter_weight", "True", *frozen_lr))
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "skipped the head: fc.weight (10, 512), fc.bias (10,)" in tuned.stdout
+    before, after = weights(pretrained), weights(tmp_path / "b" / RUN / "resnet18-1_12.ckpt")
+    assert after["fc.weight"].shape == (12, 512)
+    np.testing.assert_array_equal(after["conv1.weight"], before["conv1.weight"])  # lr 0: backbone as loaded
+
+
+def digest(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("kind", ["truncated", "corrupt", "empty", "wrong_network"])
+@pytest.mark.parametrize("key", ["resume_ckpt", "pre_trained"])
+def test_bad_checkpoint_is_one_line_and_changes_nothing(kind, key, uninterrupted, cifar_dir, tmp_path):
+    good = uninterrupted / "resnet18-1_12.ckpt"
+    bad = tmp_path / f"{kind}.ckpt"
+    data = good.read_bytes()
+    bad.write_bytes({"truncated": data[: len(data) // 2], "corrupt": data[:1000] + os.urandom(4000) + data[5000:],
+                     "empty": b"", "wrong_network": b""}[kind])
+    if kind == "wrong_network":
+        from src.resnet import create_model
+        ms.save_checkpoint(create_model("resnet34", num_classes=10), str(bad))
+    before = digest(uninterrupted)
+    result = run(train_args(cifar_dir, uninterrupted.parents[1], f"--{key}", str(bad), "--epoch_size", "3"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0], result.stderr[-2000:]
+    assert digest(uninterrupted) == before
