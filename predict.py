@@ -1,0 +1,113 @@
+"""Classify images with an exported network (MINDIR or ONNX from export.py): top-k classes.
+
+    python predict.py resnet50.mindir photo.jpg more_photos/ --dataset imagenet2012 \\
+        --labels /data/imagenet/train --top_k 5
+
+Each image gets the evaluation transform of --dataset, exactly as eval.py feeds the network
+(imagenet2012: short side to image_size / 0.875, center crop; cifar10: resize to image_size),
+and the dataset's normalization. image_size defaults to the model's input size.
+For each image one line shows its top-k classes with probabilities (softmax of the logits);
+the last line on stdout is one JSON object: {"model", "dataset", "image_size", "predictions":
+[{"path", "top_k": [{"index", "label", "probability"}, ...]}, ...]}.
+Class names come from --labels (a text file with one name per line, a folder of class folders
+or a CIFAR-10 folder with batches.meta.txt); without it, classes are shown by index.
+ONNX files (a fixed batch) run in batches of their exported size, the last one padded.
+"""
+import argparse
+import json
+from typing import List, Optional, Sequence
+
+import numpy as np
+from PIL import Image
+
+from src.dataset import DATASETS, IMAGE_EXTENSIONS, preprocess_eval_image
+from src.device import DEVICE_TARGETS, init_device
+from src.errors import UserInputError, run_cli
+from src.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
+                           softmax, top_k)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are the project's one-line errors (exit code 2)."""
+
+    def error(self, message: str):
+        raise UserInputError(f"{message}; see python predict.py --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="predict.py", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="the exported network: a .mindir or .onnx file")
+    parser.add_argument("images", nargs="+",
+                        help="image files and/or folders of images (searched recursively)")
+    parser.add_argument("--dataset", required=True, choices=DATASETS,
+                        help="the dataset the network was trained on: selects the eval transform "
+                             "and normalization")
+    parser.add_argument("--image_size", type=int, default=0,
+                        help="the network's input side (default: read from the model file)")
+    parser.add_argument("--labels", default="",
+                        help="class names: a text file (one per line) or a dataset folder")
+    parser.add_argument("--top_k", type=int, default=5, help="how many classes to show per image (default 5)")
+    parser.add_argument("--batch_size", type=int, default=32,
+                        help="images per run for a dynamic-batch MINDIR (fixed-batch files use their own)")
+    parser.add_argument("--device_target", default="CPU", choices=DEVICE_TARGETS,
+                        help="where MindSpore runs a MINDIR file (default CPU)")
+    return parser
+
+
+def resolve_image_size(model: ExportedModel, requested: int) -> int:
+    """The square input side: the model's, or --image_size (which must agree with a known one)."""
+    known = model.input_shape
+    if known and known[2] != known[3]:
+        raise UserInputError(f"{model.path} takes {known[2]}x{known[3]} inputs; predict.py feeds square "
+                             f"images (the eval transform): export with equal --height and --width")
+    if requested < 0:
+        raise UserInputError(f"--image_size must be positive, got {requested}")
+    if requested and known and requested != known[2]:
+        raise UserInputError(f"--image_size {requested} does not match {model.path}, which takes "
+                             f"{known[2]}x{known[3]} inputs; drop --image_size")
+    if requested:
+        return requested
+    if known:
+        return known[2]
+    raise UserInputError(f"cannot read the input size of {model.path}; pass --image_size")
+
+
+def load_image(path: str, dataset: str, image_size: int) -> np.ndarray:
+    try:
+        with Image.open(path) as image:
+            return preprocess_eval_image(image, dataset, image_size)
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"cannot read image {path} ({err}); pass image files") from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.top_k < 1 or args.batch_size < 1:
+        raise UserInputError("--top_k and --batch_size must be positive")
+    file_format = file_format_of(args.model)
+    paths = list_images(args.images, IMAGE_EXTENSIONS)
+    names: Optional[List[str]] = read_class_names(args.labels) if args.labels else None
+    if file_format == "ONNX":
+        require_onnxruntime()
+    init_device(args.device_target, mode_name="GRAPH")
+    model = ExportedModel(args.model)
+    image_size = resolve_image_size(model, args.image_size)
+    inputs = np.stack([load_image(path, args.dataset, image_size) for path in paths])
+    logits = model.predict(inputs, batch_size=args.batch_size)
+    if names is not None and len(names) != logits.shape[1]:
+        raise UserInputError(f"--labels {args.labels} has {len(names)} class names but the model has "
+                             f"{logits.shape[1]} outputs; pass the labels of its training data")
+    predictions = []
+    for path, best in zip(paths, top_k(softmax(logits.astype(np.float64)), args.top_k)):
+        ranked = [{"index": index, "label": names[index] if names else str(index), "probability": prob}
+                  for index, prob in best]
+        predictions.append({"path": path, "top_k": ranked})
+        print(f"{path}: " + ", ".join(f"{item['label']} {item['probability']:.4f}" for item in ranked))
+    print(json.dumps({"model": args.model, "dataset": args.dataset, "image_size": image_size,
+                      "predictions": predictions}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

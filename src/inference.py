@@ -1,0 +1,187 @@
+"""Running an exported network (MINDIR through MindSpore's graph loader, ONNX through onnxruntime).
+
+Used by export.py (--verify: compare the export with the checkpoint network) and predict.py
+(classify image files with an export). onnxruntime is optional: only ONNX files need it.
+"""
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from src.errors import UserInputError
+
+EXTENSIONS = {".mindir": "MINDIR", ".onnx": "ONNX", ".air": "AIR"}
+ONNXRUNTIME_HINT = "pip install onnxruntime (or pip install -r requirements-dev.txt)"
+# fp32 outputs of an export may differ from the checkpoint network by float rounding only.
+FP32_TOLERANCE = 1e-4
+
+Shape = Tuple[Optional[int], int, int, int]
+
+
+def require_onnxruntime():
+    """The onnxruntime module, or a one-line error saying how to install it."""
+    try:
+        import onnxruntime  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        raise UserInputError(f"running ONNX files needs onnxruntime, which is not installed; "
+                             f"{ONNXRUNTIME_HINT}") from None
+    return onnxruntime
+
+
+def file_format_of(path: str) -> str:
+    """'MINDIR' or 'ONNX' from the file name; anything else is a clear error."""
+    fmt = EXTENSIONS.get(os.path.splitext(path)[1].lower())
+    if fmt is None or fmt == "AIR":
+        what = "AIR files run on Ascend through ATC, not here" if fmt == "AIR" else "unknown extension"
+        raise UserInputError(f"cannot run {path}: {what}; pass a .mindir or .onnx file from export.py")
+    return fmt
+
+
+def mindir_input_shape(path: str) -> Optional[Shape]:
+    """(batch or None when dynamic, C, H, W) of a MINDIR file's first input; None if unreadable."""
+    try:
+        from mindspore.train import mind_ir_pb2  # pylint: disable=import-outside-toplevel
+        model = mind_ir_pb2.ModelProto()
+        with open(path, "rb") as handle:
+            model.ParseFromString(handle.read())
+        dims = [int(d) for d in model.graph.input[0].tensor[0].dims]
+    except Exception:  # an internal format: fall back to asking the user for the image size
+        return None
+    if len(dims) != 4:
+        return None
+    return (dims[0] if dims[0] > 0 else None, dims[1], dims[2], dims[3])
+
+
+class ExportedModel:
+    """An exported classifier: `run(batch)` gives logits; `input_shape` is (batch|None, C, H, W)."""
+
+    def __init__(self, path: str):
+        if not os.path.isfile(path):
+            raise UserInputError(f"model file not found: {path}; pass the file export.py wrote")
+        self.path = path
+        self.file_format = file_format_of(path)
+        self.input_shape: Optional[Shape] = None
+        if self.file_format == "ONNX":
+            self._load_onnx(path)
+        else:
+            self._load_mindir(path)
+
+    def _load_onnx(self, path: str) -> None:
+        ort = require_onnxruntime()
+        try:
+            self._session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own exception types
+            raise UserInputError(f"onnxruntime cannot load {path} ({_first_line(err)}); "
+                                 f"export the model again") from None
+        model_input = self._session.get_inputs()[0]
+        self._input_name = model_input.name
+        dims = [d if isinstance(d, int) and d > 0 else None for d in model_input.shape]
+        if len(dims) == 4:
+            self.input_shape = tuple(dims)
+
+    def _load_mindir(self, path: str) -> None:
+        import mindspore as ms  # pylint: disable=import-outside-toplevel
+        from mindspore import nn  # pylint: disable=import-outside-toplevel
+        try:
+            self._cell = nn.GraphCell(ms.load(path))
+        except Exception as err:  # the framework raises RuntimeError/ValueError alike here
+            raise UserInputError(f"MindSpore cannot load {path} ({_first_line(err)}); "
+                                 f"export the model again") from None
+        self.input_shape = mindir_input_shape(path)
+
+    @property
+    def fixed_batch(self) -> Optional[int]:
+        """The batch size the file was exported with, or None when its batch is dynamic."""
+        return self.input_shape[0] if self.input_shape else None
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """Logits for one batch (of exactly `fixed_batch` samples when the batch is fixed)."""
+        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        if self.file_format == "ONNX":
+            return np.asarray(self._session.run(None, {self._input_name: batch})[0])
+        import mindspore as ms  # pylint: disable=import-outside-toplevel
+        return self._cell(ms.Tensor(batch)).asnumpy()
+
+    def predict(self, images: np.ndarray, batch_size: int = 32) -> np.ndarray:
+        """Logits for any number of samples: batches of the exported size (the last one padded
+        with zeros and cut off again) or, for a dynamic batch, of `batch_size`."""
+        step = self.fixed_batch or max(1, batch_size)
+        outputs = []
+        for start in range(0, len(images), step):
+            chunk = images[start:start + step]
+            count = len(chunk)
+            if self.fixed_batch and count < step:
+                chunk = np.concatenate([chunk, np.zeros((step - count,) + chunk.shape[1:], chunk.dtype)])
+            outputs.append(self.run(chunk)[:count])
+        return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:160]
+
+
+def seeded_input(batch: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """A standard-normal NCHW float32 batch (the scale of normalized images), reproducible by seed."""
+    return np.random.default_rng(seed).standard_normal((batch, 3, height, width)).astype(np.float32)
+
+
+def compare_logits(reference: np.ndarray, candidate: np.ndarray) -> Dict[str, float]:
+    """Max abs difference, the fraction of samples with the same top-1 class, and the largest
+    reference logit magnitude (float32 rounding grows with it)."""
+    if reference.shape != candidate.shape:
+        raise ValueError(f"output shapes differ: {reference.shape} vs {candidate.shape}")
+    return {"max_abs_diff": float(np.max(np.abs(reference.astype(np.float64) - candidate))),
+            "top1_agreement": float(np.mean(reference.argmax(1) == candidate.argmax(1))),
+            "max_abs_logit": float(np.max(np.abs(reference)))}
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def top_k(probabilities: np.ndarray, k: int) -> List[List[Tuple[int, float]]]:
+    """Per row, the k most probable (class index, probability), most probable first
+    (ties: the lower index first, as argmax picks)."""
+    k = min(k, probabilities.shape[1])
+    order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
+    return [[(int(i), float(row[i])) for i in idx] for row, idx in zip(probabilities, order)]
+
+
+def read_class_names(source: str) -> List[str]:
+    """Class names from a text file (one per line), a folder of class folders (sorted, as the
+    dataset labels them; its train/ split when it has one) or a CIFAR-10 folder (batches.meta.txt)."""
+    if os.path.isfile(source):
+        with open(source, encoding="utf-8") as handle:
+            names = [line.strip() for line in handle if line.strip()]
+    elif os.path.isdir(source):
+        meta = os.path.join(source, "batches.meta.txt")
+        split = os.path.join(source, "train")
+        folder = split if os.path.isdir(split) else source
+        if os.path.isfile(meta):
+            return read_class_names(meta)
+        names = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
+    else:
+        raise UserInputError(f"labels not found: {source}; pass a text file with one class name per "
+                             f"line or the dataset folder holding one sub-folder per class")
+    if not names:
+        raise UserInputError(f"no class names in {source}; expected one name per line or class sub-folders")
+    return names
+
+
+def list_images(paths: Sequence[str], extensions: Sequence[str]) -> List[str]:
+    """Image files named directly or found (recursively, sorted) under the given folders."""
+    found: List[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            inside = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names
+                      if name.lower().endswith(tuple(extensions))]
+            if not inside:
+                raise UserInputError(f"no images ({', '.join(extensions)}) under {path}")
+            found += sorted(inside)
+        elif os.path.isfile(path):
+            found.append(path)
+        else:
+            raise UserInputError(f"image not found: {path}; pass image files or folders of images")
+    return found
