@@ -1,7 +1,7 @@
 """Check that a converted checkpoint computes what the PyTorch network computes, stage by stage.
 
     python -m src.parity --arch resnet50 --pth resnet50-0676ba61.pth --ckpt resnet50_tv.ckpt
-    python -m src.parity --arch resnet50 --pth IN.pth --ckpt OUT.ckpt --torch_model tests.torch_resnet:resnet50
+    python -m src.parity --arch resnet50 --pth IN.pth --ckpt OUT.ckpt --torch_model src.torch_resnet:resnet50
 
 Both networks get the same seeded input in eval mode. For the stem (conv1, bn1, relu, maxpool),
 layer1..layer4 and the logits it prints the max abs difference, the largest PyTorch magnitude,
@@ -23,10 +23,10 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from src.checkpoint import load_into_network
-from src.convert_torch import OneLineParser, common_prefix, find_state_dict, guess_arch, import_torch, listed, \
+from src.convert_torch import common_prefix, find_state_dict, guess_arch, import_torch, listed, \
     load_torch_file, torch_to_ms_name
 from src.device import DEVICE_TARGETS, init_device
-from src.errors import UserInputError, run_cli
+from src.errors import OneLineParser, UserInputError, run_cli
 from src.resnet import ARCHS, create_model
 
 STAGES = ("stem", "layer1", "layer2", "layer3", "layer4", "logits")
@@ -41,7 +41,7 @@ def resolve_factory(spec: Optional[str], arch: str) -> Tuple[str, Callable]:
         if importlib.util.find_spec("torchvision") is None:
             raise UserInputError(f"torchvision is not installed, so there is no default PyTorch {arch}; pass "
                                  f"--torch_model package.module:factory building a torchvision-structured "
-                                 f"ResNet (e.g. --torch_model tests.torch_resnet:{arch})")
+                                 f"ResNet (e.g. --torch_model src.torch_resnet:{arch})")
         spec = f"torchvision.models:{arch}"
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:

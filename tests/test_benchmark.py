@@ -1,0 +1,37 @@
+"""benchmark.py in a tiny configuration writes a complete JSON report (no timing assertions)."""
+import json
+
+from conftest import PYTHON, run
+
+
+def test_benchmark_writes_every_field(tmp_path):
+    report_path = tmp_path / "bench.json"
+    result = run([PYTHON, "benchmark.py", "--net", "resnet18", "--batch_size", "2", "--image_size", "32",
+                  "--steps", "1", "--repeats", "1", "--calls", "2", "--vs-torch", "--json", str(report_path)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    (report,) = json.loads(report_path.read_text())["reports"]
+    assert {report["net"], report["batch_size"], report["image_size"]} == {"resnet18", 2, 32}
+    for framework in ("mindspore", "torch"):
+        measured = report[framework]
+        assert measured["compile_s"] >= 0 and measured["train_compute_img_per_s"] > 0
+        for label in ("eval_batch_1", "eval_batch_2"):
+            assert measured[label]["img_per_s"] > 0
+            latency = measured[label]["latency_ms"]
+            assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"]
+    assert set(report["mindspore"]["train_end_to_end_img_per_s"]) == {"cifar10", "imagenet2012"}
+    assert all(v > 0 for v in report["mindspore"]["train_end_to_end_img_per_s"].values())
+    assert set(report["pipeline_img_per_s"]) == {"cifar10", "imagenet2012"}
+    assert set(report["ratios"]) == {"pipeline_cifar10_over_training", "pipeline_imagenet2012_over_training",
+                                     "train_mindspore_over_torch", "eval_batch_1_mindspore_over_torch",
+                                     "eval_batch_2_mindspore_over_torch"}
+
+
+def test_enable_profiling_writes_a_trace_into_the_run_folder(tmp_path, cifar_dir):
+    result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml", "--data_path", str(cifar_dir),
+                  "--output_dir", str(tmp_path), "--epoch_size", "1", "--batch_size", "16", "--run_eval", "False",
+                  "--save_checkpoint", "False", "--enable_profiling", "True", "--profile_steps", "2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    traces = list((tmp_path / "resnet18" / "cifar10" / "profiler" / "rank0").rglob("trace_view.json"))
+    assert len(traces) == 1
+    events = json.loads(traces[0].read_text())
+    assert isinstance(events, list) and events
