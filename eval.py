@@ -14,7 +14,7 @@ from src.checkpoint import load_into_network
 from src.config import load_config
 from src.dataset import create_dataset
 from src.device import init_device
-from src.distributed import init_distributed
+from src.distributed import init_distributed, launcher_device_id
 from src.errors import UserInputError, run_cli
 from src.metrics import evaluate
 from src.resnet import create_model
@@ -24,7 +24,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="eval.py")
     if not cfg.checkpoint_file_path:
         raise UserInputError("no checkpoint given; pass --checkpoint_file_path path/to/model.ckpt")
-    init_device(cfg.device_target, device_id=cfg.device_id, mode_name=cfg.mode_name)
+    init_device(cfg.device_target, mode_name=cfg.mode_name,
+                device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
+                processes_per_node=cfg.device_num if cfg.run_distribute else 1)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     dataset = create_dataset(cfg.dataset, cfg.eval_dataset_path or cfg.data_path, training=False,
                              batch_size=cfg.batch_size, image_size=cfg.eval_image_size, class_num=cfg.class_num,

@@ -109,6 +109,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     net.set_train(False)
 
     file_name = cfg.file_name or cfg.net_name
+    if file_name.lower().endswith(FILE_FORMATS[file_format]):  # --file_name model.onnx means model + .onnx
+        file_name = file_name[:-len(FILE_FORMATS[file_format])]
     target = os.path.abspath(file_name + FILE_FORMATS[file_format])
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)

@@ -22,20 +22,13 @@ from PIL import Image
 
 from src.dataset import DATASETS, IMAGE_EXTENSIONS, preprocess_eval_image
 from src.device import DEVICE_TARGETS, init_device
-from src.errors import UserInputError, run_cli
+from src.errors import OneLineParser, UserInputError, run_cli
 from src.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
                            softmax, top_k)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are the project's one-line errors (exit code 2)."""
-
-    def error(self, message: str):
-        raise UserInputError(f"{message}; see python predict.py --help")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="predict.py", description=__doc__,
+    parser = OneLineParser(prog="predict.py", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="the exported network: a .mindir or .onnx file")
     parser.add_argument("images", nargs="+",
@@ -93,8 +86,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     init_device(args.device_target, mode_name="GRAPH")
     model = ExportedModel(args.model)
     image_size = resolve_image_size(model, args.image_size)
-    inputs = np.stack([load_image(path, args.dataset, image_size) for path in paths])
-    logits = model.predict(inputs, batch_size=args.batch_size)
+    # Chunk by chunk, so a folder of 50,000 images never sits in memory at once.
+    chunk = args.batch_size * 16
+    logits = np.concatenate([
+        model.predict(np.stack([load_image(path, args.dataset, image_size) for path in paths[start:start + chunk]]),
+                      batch_size=args.batch_size)
+        for start in range(0, len(paths), chunk)])
     if names is not None and len(names) != logits.shape[1]:
         raise UserInputError(f"--labels {args.labels} has {len(names)} class names but the model has "
                              f"{logits.shape[1]} outputs; pass the labels of its training data")

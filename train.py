@@ -14,13 +14,15 @@ import mindspore as ms
 import mindspore.dataset as mds
 from mindspore.train import Model
 
-from src.callbacks import CheckpointSaver, EvalMonitor, FinalState, RecordPlotter, TrainMonitor
+from src.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
+                           TrainMonitor)
 from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches,
                             raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
 from src.config import Config, load_config, run_dir, save_config
 from src.dataset import create_dataset, set_start_epoch
 from src.device import init_device
-from src.distributed import check_fusion_points, fusion_split_points, init_distributed, set_data_parallel
+from src.distributed import (check_fusion_points, fusion_split_points, init_distributed, launcher_device_id,
+                             set_data_parallel)
 from src.errors import UserInputError, run_cli
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
@@ -46,6 +48,11 @@ def create_train_dataset(cfg: Config, rank: int, group_size: int):
 
 
 def create_eval_dataset(cfg: Config, rank: int, group_size: int):
+    """The evaluation split: eval_dataset_path, else data_path's test_batch.bin or val/ folder."""
+    if cfg.dataset == "imagenet2012" and not cfg.eval_dataset_path \
+            and not os.path.isdir(os.path.join(cfg.data_path, "val")):
+        raise UserInputError(f"run_eval needs validation images: {cfg.data_path} has no val/ folder; pass "
+                             f"--eval_dataset_path /path/to/val")
     return create_dataset(cfg.dataset, cfg.eval_dataset_path or cfg.data_path, training=False,
                           batch_size=cfg.batch_size, image_size=cfg.eval_image_size, class_num=cfg.class_num,
                           num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size, shard_id=rank)
@@ -113,12 +120,55 @@ def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_si
     return epochs_done
 
 
+def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
+    if cfg.dataset_sink_mode and cfg.sink_size not in (-1, steps_per_epoch):
+        raise UserInputError(f"sink_size {cfg.sink_size} would redefine an epoch; use -1 (one sink per epoch "
+                             f"of {steps_per_epoch} steps)")
+
+
+def create_train_model(cfg: Config, net, lrs: np.ndarray) -> Model:
+    """Loss, optimizer, mixed precision and loss scaling around `net`."""
+    amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
+    loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale, cfg.device_target)
+    loss = create_loss(num_classes=cfg.class_num,
+                       label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
+    optimizer = create_optimizer(net, name=cfg.optimizer, learning_rate=lrs, weight_decay=cfg.weight_decay,
+                                 momentum=cfg.momentum,
+                                 loss_scale=optimizer_loss_scale(loss_scale_manager, cfg.loss_scale))
+    return Model(net, loss_fn=loss, optimizer=optimizer, amp_level=amp_level, loss_scale_manager=loss_scale_manager)
+
+
+def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: int, steps_per_epoch: int,
+                     lrs: np.ndarray, first_step: int, eval_dataset, record: Optional[RunRecord], log) -> list:
+    """Logging, evaluation, checkpoints, the run record and profiling; files from rank 0 only."""
+    callbacks = [TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
+                              global_batch=cfg.batch_size * group_size, lrs=lrs, log_interval=cfg.log_interval,
+                              first_step=first_step, record=record, log=log)]
+    if eval_dataset is not None:
+        callbacks.append(EvalMonitor(net=net, dataset=eval_dataset, num_classes=cfg.class_num,
+                                     group_size=group_size, epoch_size=cfg.epoch_size,
+                                     eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
+                                     best_folder=folder if cfg.save_best_ckpt and rank == 0 else None,
+                                     best_top1=best_top1(folder) if first_step else -1.0, record=record, log=log))
+    if rank == 0:
+        if cfg.save_checkpoint:
+            callbacks.append(CheckpointSaver(folder=folder, net_name=cfg.net_name, steps_per_epoch=steps_per_epoch,
+                                             epoch_size=cfg.epoch_size, save_epochs=cfg.save_checkpoint_epochs,
+                                             save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
+                                             first_step=first_step))
+        callbacks.append(RecordPlotter(record))
+    if cfg.enable_profiling:
+        callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),
+                                         device_target=cfg.device_target, steps=cfg.profile_steps))
+    callbacks.append(FinalState(net=net, folder=folder, rank=rank, first_step=first_step))
+    return callbacks
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="train.py")
-    amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
-    loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale, cfg.device_target,
-                                                   amp_level)
-    init_device(cfg.device_target, device_id=cfg.device_id, mode_name=cfg.mode_name)
+    init_device(cfg.device_target, mode_name=cfg.mode_name,
+                device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
+                processes_per_node=cfg.device_num if cfg.run_distribute else 1)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     seed_everything(cfg.seed)
     folder = run_dir(cfg)
@@ -129,15 +179,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         set_data_parallel(group_size, fusion_points(cfg, net))
     dataset = create_train_dataset(cfg, rank, group_size)
     steps_per_epoch = dataset.get_dataset_size()
+    check_sink_size(cfg, steps_per_epoch)
+    eval_dataset = create_eval_dataset(cfg, rank, group_size) if cfg.run_eval else None
     lrs = create_schedule(cfg, steps_per_epoch)
-    loss = create_loss(num_classes=cfg.class_num,
-                       label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
-    optimizer = create_optimizer(net, name=cfg.optimizer, learning_rate=lrs, weight_decay=cfg.weight_decay,
-                                 momentum=cfg.momentum,
-                                 loss_scale=optimizer_loss_scale(loss_scale_manager, cfg.loss_scale))
-    model = Model(net, loss_fn=loss, optimizer=optimizer, amp_level=amp_level,
-                  loss_scale_manager=loss_scale_manager)
+    model = create_train_model(cfg, net, lrs)
 
+    # Everything that can be wrong with the input is checked above; only now is anything written.
     resume_from = resume_checkpoint(cfg, folder, steps_per_epoch)
     start_epoch = 0
     if resume_from:
@@ -146,39 +193,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_fresh_run_folder(folder, cfg.net_name)
     set_start_epoch(dataset, start_epoch)
     first_step = start_epoch * steps_per_epoch
-
     record = None
-    if rank == 0:  # only rank 0 writes into the run folder
+    if rank == 0:
         os.makedirs(folder, exist_ok=True)
         save_config(cfg, os.path.join(folder, "config.yaml"))
         record = RunRecord(folder, resume_step=first_step if resume_from else None)
-    callbacks = [TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
-                              global_batch=cfg.batch_size * group_size, lrs=lrs, log_interval=cfg.log_interval,
-                              first_step=first_step, record=record, log=log)]
-    if cfg.run_eval:
-        callbacks.append(EvalMonitor(net=net, dataset=create_eval_dataset(cfg, rank, group_size),
-                                     num_classes=cfg.class_num, group_size=group_size, epoch_size=cfg.epoch_size,
-                                     eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
-                                     best_folder=folder if cfg.save_best_ckpt and rank == 0 else None,
-                                     best_top1=best_top1(folder) if resume_from else -1.0,
-                                     record=record, log=log))
-    if rank == 0:
-        if cfg.save_checkpoint:
-            callbacks.append(CheckpointSaver(folder=folder, net_name=cfg.net_name, steps_per_epoch=steps_per_epoch,
-                                             epoch_size=cfg.epoch_size, save_epochs=cfg.save_checkpoint_epochs,
-                                             save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
-                                             first_step=first_step))
-        callbacks.append(RecordPlotter(record))
-    callbacks.append(FinalState(net=net, folder=folder, rank=rank, first_step=first_step))
+    callbacks = create_callbacks(cfg, net=net, folder=folder, rank=rank, group_size=group_size,
+                                 steps_per_epoch=steps_per_epoch, lrs=lrs, first_step=first_step,
+                                 eval_dataset=eval_dataset, record=record, log=log)
 
-    sink = cfg.dataset_sink_mode
     log(f"training {cfg.net_name} on {cfg.dataset} ({cfg.data_path}): epochs {start_epoch + 1}..{cfg.epoch_size} x "
-        f"{steps_per_epoch} steps of {cfg.batch_size} x {group_size} rank(s); amp {amp_level}; "
-        f"run folder {folder}" + (f"; resumed from {resume_from}" if resume_from else ""))
-    if sink and cfg.device_target == "CPU":
+        f"{steps_per_epoch} steps of {cfg.batch_size} x {group_size} rank(s); amp "
+        f"{resolve_amp_level(cfg.amp_level, cfg.device_target)}; run folder {folder}"
+        + (f"; resumed from {resume_from}" if resume_from else ""))
+    if cfg.dataset_sink_mode and cfg.device_target == "CPU":
         log("dataset_sink_mode: MindSpore has no CPU sink, so steps run one by one (logs stay per step)")
-    model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=sink,
-                sink_size=cfg.sink_size if sink else -1, initial_epoch=start_epoch)
+    model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=cfg.dataset_sink_mode,
+                sink_size=cfg.sink_size if cfg.dataset_sink_mode else -1, initial_epoch=start_epoch)
     return 0
 
 

@@ -15,3 +15,14 @@ require_env() {
 resolve_run_dir() {
     "$PY" -m src.config --run_dir "$@"
 }
+
+# Run a command in the foreground; its stdout and stderr go to the console (each to its own
+# stream, so a JSON last line stays last on stdout) and both into LOG. Returns its exit code.
+run_logged() {
+    local log=$1 status
+    shift
+    "$@" > >(tee -a "$log") 2> >(tee -a "$log" >&2)
+    status=$?
+    wait   # let the tee processes flush
+    return $status
+}

@@ -12,7 +12,9 @@ if [[ ! -f "$DATA/cifar10/test_batch.bin" ]]; then
 fi
 bash "$ROOT/scripts/run_standalone_train.sh" "$DATA/cifar10" "$CONFIG" --output_dir "$OUTPUT" "$@"
 CKPT=$(ls -t "$OUTPUT"/resnet18/cifar10/resnet18-*.ckpt | head -n 1)   # the last epoch
-RESULT=$(bash "$ROOT/scripts/run_eval.sh" "$DATA/cifar10" "$CKPT" "$CONFIG" | tail -n 1)
+EVAL_OUTPUT="$OUTPUT/eval_output.txt"
+bash "$ROOT/scripts/run_eval.sh" "$DATA/cifar10" "$CKPT" "$CONFIG" | tee "$EVAL_OUTPUT"
+RESULT=$(tail -n 1 "$EVAL_OUTPUT")
 "$PY" - "$RESULT" <<'PYTHON'
 import json, sys
 r = json.loads(sys.argv[1])

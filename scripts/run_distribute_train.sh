@@ -18,7 +18,7 @@ Options:
   --dry_run          print the launch command(s) and exit
 Other --KEY VALUE pairs are config overrides for train.py.
 
-Logs: <run folder>/logs/worker_<rank>.log (msrun) or rank_<rank>.log (rank table); the console
+Logs: <run folder>/logs/<time>/worker_<rank>.log (msrun) or rank_<rank>.log (rank table); the console
 follows rank 0. The script waits for every rank and exits non-zero if any failed.
 USAGE
 }
@@ -44,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 LOCAL_WORKERS=${LOCAL_WORKERS:-$WORKERS}
+case $DEVICE_TARGET in Ascend|GPU|CPU) ;; *) die "unknown --device_target '$DEVICE_TARGET'; choose Ascend, GPU or CPU" ;; esac
 for n in "$WORKERS" "$LOCAL_WORKERS" "$MASTER_PORT" "$NODE_RANK"; do
     [[ $n =~ ^[0-9]+$ ]] || die "expected a whole number, got '$n'"
 done
@@ -60,7 +61,6 @@ count_devices() {
         Ascend) ls /dev/davinci[0-9]* 2>/dev/null | wc -l ;;
         GPU) (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' ;;
         CPU) echo 1000000 ;;
-        *) die "unknown --device_target '$1'; choose Ascend, GPU or CPU" ;;
     esac
 }
 
@@ -75,7 +75,7 @@ else
         die "asked for $LOCAL_WORKERS $DEVICE_TARGET devices on this node but found $AVAILABLE; lower --workers/--local_workers"
     RUN_DIR=$(resolve_run_dir "${TRAIN_ARGS[@]}") || exit $?
 fi
-LOG_DIR="$RUN_DIR/logs"
+LOG_DIR="$RUN_DIR/logs/$(date +%Y%m%d_%H%M%S)"   # a folder per launch: a resumed run keeps the old logs
 
 show() { printf '%q ' "$@" | sed 's/ $//'; echo; }
 

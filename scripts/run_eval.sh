@@ -24,7 +24,5 @@ require_env
 [[ -f $CONFIG_PATH ]] || die "config file not found: $CONFIG_PATH"
 
 LOG="$(dirname "$CHECKPOINT_PATH")/eval_$(date +%Y%m%d_%H%M%S).log"
-set -o pipefail
-"$PY" "$ROOT/eval.py" --config_path "$CONFIG_PATH" --data_path "$DATASET_PATH" \
-    --checkpoint_file_path "$CHECKPOINT_PATH" "$@" 2>&1 | tee "$LOG"
-exit "${PIPESTATUS[0]}"
+run_logged "$LOG" "$PY" "$ROOT/eval.py" --config_path "$CONFIG_PATH" --data_path "$DATASET_PATH" \
+    --checkpoint_file_path "$CHECKPOINT_PATH" "$@"

@@ -27,6 +27,4 @@ RUN_DIR=$(resolve_run_dir "${ARGS[@]}") || exit $?
 mkdir -p "$RUN_DIR" || die "cannot create run folder $RUN_DIR"
 LOG="$RUN_DIR/train_$(date +%Y%m%d_%H%M%S).log"
 echo "log: $LOG"
-set -o pipefail
-"$PY" "$ROOT/train.py" "${ARGS[@]}" 2>&1 | tee "$LOG"
-exit "${PIPESTATUS[0]}"
+run_logged "$LOG" "$PY" "$ROOT/train.py" "${ARGS[@]}"

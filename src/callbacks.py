@@ -159,7 +159,7 @@ class CheckpointSaver(StepCounter):
         save_atomic(run_context.original_args().train_network, path,
                     append_dict={"epoch_num": epoch if self.step_in_epoch(step) == self.steps_per_epoch
                                  else epoch - 1, "step_num": step})
-        rotate(self.folder, self.net_name, self.keep)
+        rotate(self.folder, self.net_name, self.keep, self.steps_per_epoch)
         self.saved_step = step
 
     def on_train_step_end(self, run_context) -> None:
@@ -201,3 +201,35 @@ class FinalState(Callback):
         state = {"rank": self.rank, "step": self.first_step + run_context.original_args().cur_step_num,
                  "trainable_sha256": digest.hexdigest()}
         write_atomic(os.path.join(self.folder, f"final_state_rank{self.rank}.json"), json.dumps(state) + "\n")
+
+
+class ProfilerMonitor(Callback):
+    """Runs MindSpore's profiler over `steps` steps after one skipped and one warm-up step, and
+    writes its traces under `folder` (view them with MindStudio Insight, or the trace JSON in
+    Perfetto / chrome://tracing)."""
+
+    def __init__(self, *, folder: str, device_target: str, steps: int = 5):
+        super().__init__()
+        self.folder, self.device_target, self.steps = folder, device_target, steps
+        self.profiler = None
+
+    def on_train_begin(self, run_context) -> None:
+        from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+        activities = [ProfilerActivity.CPU]
+        if self.device_target == "Ascend":
+            activities.append(ProfilerActivity.NPU)
+        elif self.device_target == "GPU":
+            activities.append(ProfilerActivity.GPU)
+        self.profiler = profile(activities=activities,
+                                schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1, skip_first=1),
+                                on_trace_ready=tensorboard_trace_handler(self.folder))
+        self.profiler.start()
+
+    def on_train_step_end(self, run_context) -> None:
+        if self.profiler is not None:
+            self.profiler.step()
+
+    def on_train_end(self, run_context) -> None:
+        if self.profiler is not None:
+            self.profiler.stop()
+            self.profiler = None

@@ -12,7 +12,7 @@ from mindspore import Parameter, nn
 from src.errors import UserInputError
 
 # Keys a training checkpoint holds besides the network: optimizer slots and counters.
-OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accum.")
+OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accum.", "accu_grads.")
 STATE_SCALARS = {"global_step", "learning_rate", "momentum", "beta1_power", "beta2_power",
                  "scale_sense", "current_iterator_step", "last_overflow_iterator_step",
                  "epoch_num", "step_num", "top_1_accuracy"}
@@ -50,9 +50,14 @@ def save_atomic(cell: nn.Cell, path: str, append_dict: Optional[Dict] = None) ->
             os.remove(tmp)
 
 
-def rotate(folder: str, net_name: str, keep: int) -> List[str]:
-    """Delete the oldest checkpoints beyond the newest `keep` (best.ckpt is not counted)."""
-    removed = [path for _, _, path in list_checkpoints(folder, net_name)[:-keep]] if keep > 0 else []
+def rotate(folder: str, net_name: str, keep: int, steps_per_epoch: int) -> List[str]:
+    """Keep `keep` checkpoints: the newest end-of-epoch one (what --resume continues from) and the
+    most recently written others; delete the rest. best.ckpt is not counted. Returns the deleted."""
+    found = list_checkpoints(folder, net_name)
+    ends = [path for _, step, path in found if step == steps_per_epoch]
+    by_age = sorted((path for _, _, path in found), key=os.path.getmtime)
+    removable = [path for path in by_age if path not in ends[-1:]]
+    removed = removable[:max(0, len(found) - max(keep, 1))]
     for path in removed:
         os.remove(path)
     return removed
@@ -86,10 +91,14 @@ def _framework_errors_silenced():
         logger.setLevel(level)
 
 
+def is_training_state(name: str) -> bool:
+    """True for optimizer slots and training counters (of this repo's and the model zoo's checkpoints)."""
+    return name in STATE_SCALARS or name.startswith(OPTIMIZER_PREFIXES)
+
+
 def network_part(params: Dict[str, Parameter]) -> Dict[str, Parameter]:
     """The checkpoint without optimizer slots and training counters."""
-    return {name: value for name, value in params.items()
-            if name not in STATE_SCALARS and not name.startswith(OPTIMIZER_PREFIXES)}
+    return {name: value for name, value in params.items() if not is_training_state(name)}
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -166,5 +175,5 @@ def find_latest(folder: str, net_name: str, steps_per_epoch: int) -> str:
     candidates = [path for _, step, path in list_checkpoints(folder, net_name) if step == steps_per_epoch]
     if not candidates:
         raise UserInputError(f"no end-of-epoch checkpoint ({net_name}-<epoch>_{steps_per_epoch}.ckpt) in "
-                             f"{folder} to resume from; start without --resume or pass --resume_ckpt")
+                             f"{folder} to resume from; pass --resume_ckpt, or start anew with another --output_dir")
     return candidates[-1]

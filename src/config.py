@@ -5,6 +5,7 @@ Nothing here runs at import; entry points call `load_config(argv)` once and pass
 """
 import difflib
 import os
+import re
 import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -15,6 +16,14 @@ from src.errors import UserInputError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")
+# Every config file has this file's keys, with values of the same types.
+REFERENCE_CONFIG = DEFAULT_CONFIG
+# Keys that must be > 0 (checked at load, not hours into a run).
+POSITIVE_KEYS = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_image_size",
+                 "num_parallel_workers", "save_checkpoint_epochs", "keep_checkpoint_max", "log_interval",
+                 "eval_interval", "profile_steps", "device_num", "loss_scale")
+NON_NEGATIVE_KEYS = ("warmup_epochs", "lr_init", "lr_max", "lr_end", "weight_decay", "momentum",
+                     "save_checkpoint_steps", "label_smooth_factor", "eval_start_epoch", "device_id")
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
@@ -86,7 +95,7 @@ def coerce_value(key: str, text: str, reference: Any) -> Any:
 
 def _safe_yaml(key: str, text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError:
         raise UserInputError(f"--{key}: cannot parse '{text}'") from None
 
@@ -104,13 +113,22 @@ def _parse_list(key: str, text: str) -> List[Any]:
     return value
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads 1e-4 as a string; read it as the float every Python user means."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789."))
+
+
 def read_yaml(path: str) -> Dict[str, Any]:
     """Read a yaml mapping; a missing or malformed file is a clear error."""
     if not os.path.isfile(path):
         raise UserInputError(f"config file not found: {path} (pass --config_path config/<name>.yaml)")
     try:
         with open(path, encoding="utf-8") as handle:
-            values = yaml.safe_load(handle)
+            values = yaml.load(handle, Loader=_Loader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
@@ -118,6 +136,44 @@ def read_yaml(path: str) -> Dict[str, Any]:
     if not isinstance(values, dict):
         raise UserInputError(f"config file {path} must be a mapping of key: value")
     return values
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "a bool", int: "an integer", float: "a number", str: "a string", list: "a list"}.get(
+        type(value), type(value).__name__)
+
+
+def check_against_reference(values: Dict[str, Any], path: str, reference_path: Optional[str]) -> Dict[str, Any]:
+    """Every key of the reference config, no other key, and values of the reference's types.
+
+    A saved run config (config.yaml) also holds `config_path`, which is dropped here."""
+    values = {key: value for key, value in values.items() if key != "config_path"}
+    reference = values if reference_path is None else read_yaml(reference_path)
+    for key in values:
+        if key not in reference:
+            raise unknown_key_error(key, reference.keys(), path)
+    missing = [key for key in reference if key not in values]
+    if missing:
+        raise UserInputError(f"config file {path} lacks {', '.join(missing)}; copy them from {REFERENCE_CONFIG}")
+    checked = {}
+    for key, value in values.items():
+        expected = reference[key]
+        if isinstance(expected, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if expected is not None and type(value) is not type(expected):
+            raise UserInputError(f"config file {path}: {key} must be {_type_name(expected)}, got {value!r}")
+        checked[key] = value
+    return checked
+
+
+def check_ranges(values: Dict[str, Any], where: str) -> None:
+    """Numbers that must be positive or non-negative, checked before any work."""
+    for key in POSITIVE_KEYS:
+        if key in values and values[key] <= 0:
+            raise UserInputError(f"{key} must be > 0, got {values[key]} ({where})")
+    for key in NON_NEGATIVE_KEYS:
+        if key in values and values[key] < 0:
+            raise UserInputError(f"{key} must be >= 0, got {values[key]} ({where})")
 
 
 def split_overrides(argv: Sequence[str]) -> List[Tuple[str, Optional[str]]]:
@@ -160,8 +216,9 @@ def format_help(values: Dict[str, Any], path: str, prog: str) -> str:
 
 
 def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAULT_CONFIG,
-                prog: str = "train.py") -> Config:
-    """Load `--config_path` (or `default_path`) and apply `--key value` overrides from argv."""
+                prog: str = "train.py", reference_path: Optional[str] = REFERENCE_CONFIG) -> Config:
+    """Load `--config_path` (or `default_path`), check it against `reference_path` (None: the file
+    is its own schema), and apply `--key value` overrides from argv."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pairs = split_overrides([a for a in argv if a not in ("-h", "--help")])
     path = default_path
@@ -173,8 +230,7 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
             path = value
         else:
             rest.append((key, value))
-    defaults = read_yaml(path)
-    values = dict(defaults)
+    values = check_against_reference(read_yaml(path), path, reference_path)
     if "-h" in argv or "--help" in argv:
         print(format_help(values, path, prog))
         sys.exit(0)
@@ -188,6 +244,7 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
             values[key] = True
         else:
             values[key] = coerce_value(key, value, reference)
+    check_ranges(values, f"{path} and the command line")
     values["config_path"] = path
     return Config(values, source=path)
 

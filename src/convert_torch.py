@@ -23,9 +23,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from src.checkpoint import load_into_network, read_checkpoint
+from src.checkpoint import is_training_state, load_into_network, read_checkpoint
 from src.device import prefer_fast_cpu_convolutions
-from src.errors import UserInputError, run_cli
+from src.errors import OneLineParser, UserInputError, run_cli
 from src.resnet import ARCHS, create_model
 
 TORCH_PIN = "torch==2.13.0+cpu"
@@ -45,11 +45,6 @@ WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
 ZOO_RENAMES = {"down_sample_layer": "downsample", "end_point": "fc", "bn1d": "bn1", "bn2d": "bn2"}
 # Keys of networks this repo does not build (the zoo's SE-ResNet50).
 _SE_RESNET = re.compile(r"(?:^|\.)(?:conv1_0|se_dense_\d|e2)\.")
-# Optimizer slots and training counters of a MindSpore training checkpoint (the zoo's and this repo's).
-OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accum.", "accu_grads.")
-OPTIMIZER_SCALARS = {"global_step", "learning_rate", "momentum", "beta1_power", "beta2_power", "scale_sense",
-                     "current_iterator_step", "last_overflow_iterator_step", "epoch_num", "step_num",
-                     "top_1_accuracy"}
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 MAX_LISTED = 8
 
@@ -87,11 +82,6 @@ def ms_to_torch_name(name: str) -> str:
 def zoo_to_ms_name(name: str) -> str:
     """Model-zoo parameter name -> this repo's (identity for names that already are this repo's)."""
     return ".".join(ZOO_RENAMES.get(part, part) for part in name.split("."))
-
-
-def is_optimizer_key(name: str) -> bool:
-    """Optimizer slots and counters a MindSpore training checkpoint holds besides the network."""
-    return name in OPTIMIZER_SCALARS or name.startswith(OPTIMIZER_PREFIXES)
 
 
 def common_prefix(keys: Iterable[str]) -> str:
@@ -277,8 +267,8 @@ def read_mindspore_source(path: str) -> Source:
     """A MindSpore checkpoint (this repo's or the model zoo's names), renamed to this repo's names."""
     params = read_checkpoint(path)
     source = Source(path, "mindspore")
-    optimizer = [name for name in params if is_optimizer_key(name)]
-    network = [name for name in params if not is_optimizer_key(name)]
+    optimizer = [name for name in params if is_training_state(name)]
+    network = [name for name in params if not is_training_state(name)]
     se_keys = [name for name in network if _SE_RESNET.search(name)]
     if se_keys:
         raise UserInputError(f"{path} is the model zoo's SE-ResNet50 ({listed(se_keys)}), which this repo "
@@ -440,13 +430,6 @@ def convert(arch: str, source: Source, *, ckpt: Optional[str], pth_out: Optional
               f"torchvision.models.{arch}(num_classes={classes}).load_state_dict(torch.load(path))", flush=True)
     if source.from_zoo:
         print(zoo_note(arch), flush=True)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are the project's one-line user errors (exit code 2)."""
-
-    def error(self, message: str):
-        raise UserInputError(f"{message}; see {self.prog} --help")
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

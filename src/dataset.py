@@ -256,6 +256,15 @@ def preprocess_eval_image(image: Image.Image, dataset: str, image_size: int) -> 
     return np.ascontiguousarray(vision.HWC2CHW()(array), dtype=np.float32)
 
 
+def _source_workers(dataset: str, num_parallel_workers: int) -> dict:
+    """How the Python source runs. CIFAR samples are array slices: one thread is fastest (more
+    only contend for the GIL; 3,800 vs 2,500 img/s measured). Folder samples are JPEGs decoded by
+    PIL: worker processes, which pay off where cores are plentiful (on 2 cores, use 1 worker)."""
+    if dataset == "cifar10" or num_parallel_workers <= 1:
+        return {"num_parallel_workers": 1, "python_multiprocessing": False}
+    return {"num_parallel_workers": num_parallel_workers, "python_multiprocessing": True}
+
+
 def create_source(dataset: str, data_path: str, training: bool):
     """The raw sample source for `dataset` ('cifar10' binary files or 'imagenet2012' folders)."""
     if dataset == "cifar10":
@@ -286,8 +295,7 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
         raise UserInputError(f"{data_path} gives {len(sampler)} samples to this shard, fewer than one "
                              f"batch of {batch_size}; lower batch_size or add data")
     data = ds.GeneratorDataset(AugmentedSource(source, transform, augment, seed), ["image", "label"],
-                               sampler=sampler, num_parallel_workers=num_parallel_workers,
-                               python_multiprocessing=False)
+                               sampler=sampler, **_source_workers(dataset, num_parallel_workers))
     ops = []
     if dataset == "cifar10" and image_size != CIFAR_SIDE:
         ops.append(vision.Resize((image_size, image_size)))

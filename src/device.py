@@ -1,5 +1,6 @@
 """Device and execution-mode set-up, called once by an entry point before any MindSpore op."""
 import os
+from typing import Optional
 
 import mindspore as ms
 
@@ -19,8 +20,21 @@ def prefer_fast_cpu_convolutions() -> str:
     return os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 
-def init_device(device_target: str, *, device_id: int = 0, mode_name: str = "GRAPH") -> None:
-    """Select the execution mode and device; a device this machine lacks is a clear error."""
+def available_cores() -> int:
+    """CPU cores this process may run on (respects affinity masks and container limits)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def init_device(device_target: str, *, device_id: Optional[int] = 0, mode_name: str = "GRAPH",
+                processes_per_node: int = 1, cpu_threads: int = 0) -> None:
+    """Select the execution mode and device; a device this machine lacks is a clear error.
+
+    On CPU, the kernels get one thread per available core, shared among `processes_per_node`
+    ranks, unless `cpu_threads` > 0: MindSpore's default of 25 threads oversubscribes small
+    machines (ResNet50 training at batch 8 ran at 3.3 img/s with it, 4.3 img/s with 2 threads
+    on 2 cores). MindSpore accepts this once per process."""
     if device_target not in DEVICE_TARGETS:
         raise UserInputError(f"unknown device_target '{device_target}'; choose one of {', '.join(DEVICE_TARGETS)}")
     if mode_name not in MODES:
@@ -32,4 +46,10 @@ def init_device(device_target: str, *, device_id: int = 0, mode_name: str = "GRA
                              f"{device_target} device or MindSpore {device_target} package); "
                              f"use --device_target CPU")
     ms.set_context(mode=MODES[mode_name])
-    ms.set_device(device_target, device_id)
+    if device_id is None:  # msrun picks each rank's device
+        ms.set_device(device_target)
+    else:
+        ms.set_device(device_target, device_id)
+    if device_target == "CPU":
+        threads = cpu_threads or max(1, available_cores() // max(1, processes_per_node))
+        ms.device_context.cpu.op_tuning.threads_num(threads)

@@ -1,6 +1,6 @@
 """Data-parallel set-up: communication init, rank info, allreduce fusion buckets, cross-rank sums."""
 import os
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -14,6 +14,16 @@ LAUNCHER_VARIABLES = ("MS_ROLE", "RANK_TABLE_FILE")
 def launched_by_launcher() -> bool:
     """True inside msrun (MS_ROLE) or a rank-table launch (RANK_TABLE_FILE)."""
     return any(name in os.environ for name in LAUNCHER_VARIABLES)
+
+
+def launcher_device_id(configured: int) -> Optional[int]:
+    """The device a launched rank must use: msrun assigns one per rank itself (None lets it), a
+    rank-table launch names it in DEVICE_ID; a standalone run uses the configured device_id."""
+    if "MS_ROLE" in os.environ:
+        return None
+    if "RANK_TABLE_FILE" in os.environ and "DEVICE_ID" in os.environ:
+        return int(os.environ["DEVICE_ID"])
+    return configured
 
 
 def init_distributed(run_distribute: bool, device_num: int) -> Tuple[int, int]:
@@ -35,9 +45,9 @@ def init_distributed(run_distribute: bool, device_num: int) -> Tuple[int, int]:
 def fusion_split_points(sizes: Sequence[int], buckets: int = 2) -> List[int]:
     """Allreduce fusion split indices for tensors of `sizes` (in the network's order).
 
-    The tensors are cut into `buckets` runs of about equal element count; the last split point
-    is always the last tensor's index, so the final gradient goes out on its own and the first
-    buckets can start while backpropagation still runs (the model zoo's [85, 160] for ResNet50)."""
+    The tensors are cut into `buckets` runs of about equal element count, so no bucket waits for
+    most of the gradients; the last split point is the last tensor's index, as MindSpore expects
+    (ResNet50's 161 trainable tensors give [139, 160]; the model zoo hard-codes [85, 160])."""
     if len(sizes) < 2:
         return []
     total = float(sum(sizes[:-1]))

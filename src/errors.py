@@ -1,4 +1,5 @@
 """One error type for problems the user can fix, and the entry-point wrapper that reports it."""
+import argparse
 import re
 import sys
 from typing import Callable, Optional, Sequence
@@ -31,3 +32,10 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Seque
         print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
     sys.exit(code or 0)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are the project's one-line user errors (exit code 2)."""
+
+    def error(self, message: str):
+        raise UserInputError(f"{message}; see {self.prog} --help")

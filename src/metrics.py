@@ -23,7 +23,11 @@ class ClassificationCounts(Metric):
         logits = inputs[0].asnumpy().astype(np.float64)
         labels = inputs[1].asnumpy().astype(np.int64)
         true_logit = logits[np.arange(len(labels)), labels]
-        rank = (logits > true_logit[:, None]).sum(axis=1)  # how many classes beat the true one
+        # The true class's rank: classes scoring higher, plus equal ones of lower index (argmax's
+        # tie-break); a non-finite score never counts as correct (a diverged run scores 0).
+        higher = (logits > true_logit[:, None]).sum(axis=1)
+        tied_before = ((logits == true_logit[:, None]) & (np.arange(logits.shape[1]) < labels[:, None])).sum(axis=1)
+        rank = np.where(np.isfinite(logits).all(axis=1), higher + tied_before, np.iinfo(np.int64).max)
         shifted = logits - logits.max(axis=1, keepdims=True)
         loss = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(labels)), labels]
         self.totals += [np.sum(rank < 1), np.sum(rank < 5), loss.sum(), len(labels)]

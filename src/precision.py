@@ -20,8 +20,8 @@ def resolve_amp_level(amp_level: str, device_target: str) -> str:
     return amp_level
 
 
-def create_loss_scale_manager(loss_scale_type: str, loss_scale: float, device_target: str,
-                              amp_level: str) -> Optional[LossScaleManager]:
+def create_loss_scale_manager(loss_scale_type: str, loss_scale: float,
+                              device_target: str) -> Optional[LossScaleManager]:
     """None, a fixed scale (no overflow skipping), or a dynamic scale starting at `loss_scale`."""
     if loss_scale_type not in LOSS_SCALE_TYPES:
         raise UserInputError(f"unknown loss_scale_type '{loss_scale_type}'; choose one of "
@@ -32,9 +32,8 @@ def create_loss_scale_manager(loss_scale_type: str, loss_scale: float, device_ta
         raise UserInputError(f"loss_scale must be positive, got {loss_scale}")
     if loss_scale_type == "dynamic":
         if device_target == "CPU":
-            raise UserInputError(f"MindSpore on CPU cannot detect float overflow, so a dynamic loss scale "
-                                 f"(with amp_level {amp_level}) is not available there; use "
-                                 f"--loss_scale_type fixed or none")
+            raise UserInputError("MindSpore on CPU cannot detect float overflow, so a dynamic loss scale is "
+                                 "not available there; use --loss_scale_type fixed or none")
         return DynamicLossScaleManager(init_loss_scale=loss_scale, scale_factor=2, scale_window=2000)
     return FixedLossScaleManager(loss_scale, drop_overflow_update=False)
 

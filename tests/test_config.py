@@ -36,7 +36,8 @@ def cfg_path(tmp_path):
 
 
 def load(cfg_path, *args):
-    return load_config(["--config_path", cfg_path, *args])
+    """Load a config that is its own schema (the repository's files are checked separately)."""
+    return load_config(["--config_path", cfg_path, *args], reference_path=None)
 
 
 def test_defaults_come_from_the_file(cfg_path):
@@ -48,14 +49,14 @@ def test_defaults_come_from_the_file(cfg_path):
 
 
 def test_config_path_with_equals_sign(cfg_path):
-    cfg = load_config([f"--config_path={cfg_path}", "--epoch_size", "3"])
+    cfg = load_config([f"--config_path={cfg_path}", "--epoch_size", "3"], reference_path=None)
     assert cfg.epoch_size == 3 and cfg.config_path == cfg_path
 
 
 @pytest.mark.parametrize("style", ["space", "equals"])
 @pytest.mark.parametrize("key,text,expected", [
     ("epoch_size", "7", 7),
-    ("batch_size", "-1", -1),
+    ("anything", "-1", -1),  # a negative number is a value, not an option
     ("lr_max", "0.25", 0.25),
     ("lr_end", "1e-6", 1e-6),
     ("net_name", "resnet18", "resnet18"),
@@ -180,7 +181,7 @@ def test_save_config_round_trips(cfg_path, tmp_path):
     with open(out, encoding="utf-8") as handle:
         assert yaml.safe_load(handle) == cfg.to_dict()
     # and the saved file is itself a valid config file
-    again = load_config(["--config_path", str(out)])
+    again = load_config(["--config_path", str(out)], reference_path=None)
     assert again.to_dict() == dict(cfg.to_dict(), config_path=str(out))
     assert not [name for name in os.listdir(out.parent) if name.startswith(".tmp-")]
 
@@ -242,3 +243,43 @@ def test_config_survives_copy_and_pickle(cfg_path):
     deep = copy.deepcopy(cfg)
     deep.epoch_size = 99
     assert cfg.epoch_size == 3
+
+
+REFERENCE = os.path.join(REPO, "config", "resnet50_cifar10.yaml")
+
+
+def user_config(tmp_path, edit) -> str:
+    """A copy of the reference config with `edit` applied to its text."""
+    with open(REFERENCE, encoding="utf-8") as handle:
+        text = edit(handle.read())
+    path = tmp_path / "mine.yaml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_user_config_is_checked_against_the_reference(tmp_path):
+    typo = user_config(tmp_path, lambda t: t.replace("lr_max:", "lr_maxx:"))
+    with pytest.raises(UserInputError, match=r"unknown config key 'lr_maxx' in .*mine.yaml; did you mean 'lr_max'"):
+        load_config(["--config_path", typo])
+    wrong_type = user_config(tmp_path, lambda t: t.replace("epoch_size: 90", "epoch_size: ninety"))
+    with pytest.raises(UserInputError, match="epoch_size must be an integer"):
+        load_config(["--config_path", wrong_type])
+    missing = user_config(tmp_path, lambda t: t.replace("momentum: 0.9\n", ""))
+    with pytest.raises(UserInputError, match="lacks momentum"):
+        load_config(["--config_path", missing])
+
+
+def test_exponent_floats_and_saved_configs_load(tmp_path):
+    path = user_config(tmp_path, lambda t: t.replace("weight_decay: 0.0001", "weight_decay: 1e-4"))
+    cfg = load_config(["--config_path", path, "--lr_end", "1E-5"])
+    assert cfg.weight_decay == 0.0001 and isinstance(cfg.weight_decay, float) and cfg.lr_end == 1e-5
+    saved = tmp_path / "run" / "config.yaml"
+    save_config(cfg, str(saved))
+    assert load_config(["--config_path", str(saved)]).to_dict() == {**cfg.to_dict(), "config_path": str(saved)}
+
+
+@pytest.mark.parametrize("key,value", [("batch_size", "0"), ("epoch_size", "-1"), ("save_checkpoint_epochs", "0"),
+                                       ("lr_max", "-0.1")])
+def test_out_of_range_values_are_refused(key, value):
+    with pytest.raises(UserInputError, match=key):
+        load_config(["--config_path", REFERENCE, f"--{key}", value])

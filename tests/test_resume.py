@@ -15,7 +15,7 @@ from PIL import Image
 import mindspore as ms
 
 from conftest import PYTHON, REPO, run
-from src.checkpoint import read_checkpoint
+from src.checkpoint import read_checkpoint, rotate
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
@@ -158,3 +158,17 @@ def test_bad_checkpoint_is_one_line_and_changes_nothing(kind, key, uninterrupted
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0], result.stderr[-2000:]
     assert digest(uninterrupted) == before
+
+
+def test_rotation_keeps_the_newest_and_the_newest_epoch_end(tmp_path):
+    names = ["resnet18-1_12.ckpt", "resnet18-2_4.ckpt", "resnet18-2_8.ckpt", "resnet18-2_12.ckpt",
+             "resnet18-3_4.ckpt", "resnet18-3_8.ckpt", "resnet18-3_10.ckpt"]
+    for age, name in enumerate(names):
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (1000 + age, 1000 + age))
+    (tmp_path / "best.ckpt").write_bytes(b"x")
+    removed = rotate(str(tmp_path), "resnet18", keep=2, steps_per_epoch=12)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    # two checkpoints: the newest end-of-epoch one (what --resume needs) and the newest; best.ckpt apart
+    assert left == ["best.ckpt", "resnet18-2_12.ckpt", "resnet18-3_10.ckpt"]
+    assert len(removed) == 5
