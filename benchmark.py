@@ -14,6 +14,7 @@ import argparse
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +56,7 @@ class MindSporeRunner:
 
     name = "mindspore"
 
-    def __init__(self, net_name: str, batch: int, size: int, threads: int):
+    def __init__(self, net_name: str, batch: int, size: int):
         import mindspore as ms
         from mindspore import nn
 
@@ -148,11 +149,13 @@ def measure_runner(runner, batch: int, *, steps: int, repeats: int, calls: int) 
     return result
 
 
-def write_data(root: str, size: int) -> Dict[str, str]:
-    """Generated CIFAR-10 binary files and JPEG class folders (images a bit larger than `size`)."""
+def write_data(root: str, size: int, images: int) -> Dict[str, str]:
+    """Generated CIFAR-10 binary files and JPEG class folders (images a bit larger than `size`),
+    at least `images` of each: the timed loops never reach the end of an epoch."""
     from src.sample_data import write_sample_data
-    write_sample_data(root, train_per_class=24, test_per_class=1, formats=("cifar10",))
-    write_sample_data(os.path.join(root, "folders"), train_per_class=24, test_per_class=1,
+    per_class = -(-images // CLASSES)
+    write_sample_data(root, train_per_class=per_class, test_per_class=1, formats=("cifar10",))
+    write_sample_data(os.path.join(root, "folders"), train_per_class=per_class, test_per_class=1,
                       formats=("imagenet",), folder_size=max(64, int(size * 1.15)))
     return {"cifar10": os.path.join(root, "cifar10"), "imagenet2012": os.path.join(root, "folders", "imagenet")}
 
@@ -184,26 +187,93 @@ def end_to_end_rate(runner: MindSporeRunner, dataset: str, path: str, batch: int
     return round(batch * steps / (time.perf_counter() - start), 2)
 
 
-def benchmark(net_name: str, batch: int, size: int, *, threads: int, workers: int, steps: int, repeats: int,
-              calls: int, vs_torch: bool, data_root: str) -> Dict:
-    """All measurements for one configuration; MindSpore and PyTorch alternate repeat by repeat."""
-    report = {"net": net_name, "batch_size": batch, "image_size": size, "threads": threads, "workers": workers}
-    runners = [MindSporeRunner(net_name, batch, size, threads)]
-    if vs_torch:
-        runners.append(TorchRunner(net_name, batch, size, threads))
-    for runner in runners:
-        report[runner.name] = {"compile_s": runner.compile_seconds()}
-    rounds: Dict[str, List[Dict]] = {runner.name: [] for runner in runners}
-    for _ in range(repeats):
-        for runner in runners:
-            rounds[runner.name].append(measure_runner(runner, batch, steps=steps, repeats=1, calls=calls))
-    for name, results in rounds.items():
-        report[name].update(_median_of(results))
-    paths = write_data(os.path.join(data_root, f"{net_name}_{size}"), size)
-    report["pipeline_img_per_s"] = {name: pipeline_rate(name, path, batch, size, workers, batches=max(4, steps))
-                                    for name, path in paths.items()}
-    report["mindspore"]["train_end_to_end_img_per_s"] = {
-        name: end_to_end_rate(runners[0], name, path, batch, size, workers, steps) for name, path in paths.items()}
+REPLY = "BENCHMARK-REPLY "
+
+
+def serve(args: argparse.Namespace) -> int:
+    """A measuring process for one framework: builds its runner, then answers commands on stdin
+    ('measure', 'data ROOT', 'quit') with one JSON line each. The two frameworks never share a
+    process: PyTorch beside an initialized MindSpore ran at half its own speed here."""
+    if args.worker == "mindspore":
+        from src.device import init_device
+        init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads)
+        runner = MindSporeRunner(args.net, args.batch_size, args.image_size)
+    else:
+        runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads)
+
+    def reply(value) -> None:
+        print(REPLY + json.dumps(value), flush=True)
+
+    reply({"compile_s": runner.compile_seconds()})
+    for line in sys.stdin:
+        command, _, argument = line.strip().partition(" ")
+        if command == "measure":
+            reply(measure_runner(runner, args.batch_size, steps=args.steps, repeats=1, calls=args.calls))
+        elif command == "data":
+            paths = json.loads(argument)
+            batches = max(4, args.steps)
+            reply({"pipeline_img_per_s": {name: pipeline_rate(name, path, args.batch_size, args.image_size,
+                                                              args.workers, batches) for name, path in paths.items()},
+                   "train_end_to_end_img_per_s": {
+                       name: end_to_end_rate(runner, name, path, args.batch_size, args.image_size, args.workers,
+                                             args.steps) for name, path in paths.items()}})
+        else:
+            break
+    return 0
+
+
+class Worker:
+    """The orchestrator's handle on a measuring process."""
+
+    def __init__(self, framework: str, net_name: str, batch: int, size: int, args: argparse.Namespace):
+        command = [sys.executable, os.path.abspath(__file__), "--worker", framework, "--net", net_name,
+                   "--batch_size", str(batch), "--image_size", str(size), "--threads", str(args.threads),
+                   "--workers", str(args.workers), "--steps", str(args.steps), "--calls", str(args.calls)]
+        self.framework = framework
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        cwd=os.path.dirname(os.path.abspath(__file__)))
+        self.first = self._read()
+
+    def _read(self) -> Dict:
+        for line in self.process.stdout:
+            if line.startswith(REPLY):
+                return json.loads(line[len(REPLY):])
+        raise RuntimeError(f"the {self.framework} benchmark process ended early (exit {self.process.wait()})")
+
+    def ask(self, command: str) -> Dict:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.process.stdin.write("quit\n")
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, data_root: str) -> Dict:
+    """All measurements for one configuration; MindSpore and PyTorch alternate repeat by repeat,
+    each in its own process."""
+    report = {"net": net_name, "batch_size": batch, "image_size": size, "threads": args.threads,
+              "workers": args.workers}
+    workers = [Worker("mindspore", net_name, batch, size, args)]
+    if args.vs_torch:
+        workers.append(Worker("torch", net_name, batch, size, args))
+    try:
+        rounds: Dict[str, List[Dict]] = {worker.framework: [] for worker in workers}
+        for _ in range(args.repeats):
+            for worker in workers:
+                rounds[worker.framework].append(worker.ask("measure"))
+        for worker in workers:
+            report[worker.framework] = {**worker.first, **_median_of(rounds[worker.framework])}
+        paths = write_data(os.path.join(data_root, f"{net_name}_{size}"), size,
+                           images=(max(4, args.steps) + 2) * batch)
+        data = workers[0].ask("data " + json.dumps(paths))
+    finally:
+        for worker in workers:
+            worker.close()
+    report["pipeline_img_per_s"] = data["pipeline_img_per_s"]
+    report["mindspore"]["train_end_to_end_img_per_s"] = data["train_end_to_end_img_per_s"]
     report["ratios"] = _ratios(report)
     return report
 
@@ -263,36 +333,35 @@ def format_table(reports: List[Dict]) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    from src.device import available_cores
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), help="run the preset configurations")
     parser.add_argument("--net", default="resnet50")
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--image_size", type=int, default=224)
-    parser.add_argument("--threads", type=int, default=available_cores(), help="compute threads, both frameworks")
+    parser.add_argument("--threads", type=int, default=cores, help="compute threads, both frameworks")
     parser.add_argument("--workers", type=int, default=1, help="data pipeline workers (best on 2 cores: 1)")
     parser.add_argument("--steps", type=int, default=5, help="steps per timed run")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; medians are reported")
     parser.add_argument("--calls", type=int, default=20, help="timed calls per latency measurement")
     parser.add_argument("--vs-torch", dest="vs_torch", action="store_true", help="also run PyTorch eager")
     parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--worker", choices=("mindspore", "torch"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.worker:
+        return serve(args)
     if args.vs_torch and importlib.util.find_spec("torch") is None:
         print("error: --vs-torch needs PyTorch: pip install torch==2.13.0+cpu (the CPU build)", file=sys.stderr)
         return 2
-    from src.device import init_device
-    init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads)
     configs = PRESETS[args.preset] if args.preset else [(args.net, args.batch_size, args.image_size)]
     reports = []
     with tempfile.TemporaryDirectory(prefix="benchmark-") as data_root:
         for net_name, batch, size in configs:
-            reports.append(benchmark(net_name, batch, size, threads=args.threads, workers=args.workers,
-                                     steps=args.steps, repeats=args.repeats, calls=args.calls,
-                                     vs_torch=args.vs_torch, data_root=data_root))
+            reports.append(benchmark(net_name, batch, size, args, data_root))
     print(format_table(reports))
     if args.json:
         from src.config import write_atomic
