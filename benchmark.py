@@ -324,10 +324,11 @@ def format_table(reports: List[Dict]) -> str:
             row(f"{label.replace('_', ' ')} img/s", ms_eval["img_per_s"], torch_eval and torch_eval["img_per_s"],
                 r["ratios"].get(f"{label}_mindspore_over_torch"))
             row(f"{label.replace('_', ' ')} p50/p95/p99 ms",
-                "/".join(f"{v:g}" for v in ms_eval["latency_ms"].values()),
-                torch_eval and "/".join(f"{v:g}" for v in torch_eval["latency_ms"].values()))
+                "/".join(f"{v:.1f}" for v in ms_eval["latency_ms"].values()),
+                torch_eval and "/".join(f"{v:.1f}" for v in torch_eval["latency_ms"].values()))
         for name, value in r["pipeline_img_per_s"].items():
             row(f"pipeline img/s ({name})", value, None, r["ratios"][f"pipeline_{name}_over_training"])
+        lines.append("  ratio: MindSpore / PyTorch; for the pipeline rows, pipeline img/s / MindSpore training img/s")
         lines.append("")
     return "\n".join(lines)
 
