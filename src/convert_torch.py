@@ -25,7 +25,7 @@ import numpy as np
 
 from src.checkpoint import is_training_state, load_into_network, read_checkpoint
 from src.device import prefer_fast_cpu_convolutions
-from src.errors import OneLineParser, UserInputError, run_cli
+from src.errors import OneLineParser, UserInputError, require_module, run_cli
 from src.resnet import ARCHS, create_model
 
 TORCH_PIN = "torch==2.13.0+cpu"
@@ -137,12 +137,7 @@ def listed(items: Sequence[str]) -> str:
 
 def import_torch():
     """torch, or a one-line error saying how to install its CPU build."""
-    try:
-        import torch  # noqa: PLC0415 (optional dependency, imported where it is used)
-    except ImportError:
-        raise UserInputError(f"PyTorch is needed to read or write .pth files and is not installed; "
-                             f"{INSTALL_HINT}") from None
-    return torch
+    return require_module("torch", needed_for="reading or writing .pth files", install_hint=INSTALL_HINT)
 
 
 def _first_reason(err: BaseException) -> str:

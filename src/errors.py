@@ -1,5 +1,6 @@
 """One error type for problems the user can fix, and the entry-point wrapper that reports it."""
 import argparse
+import importlib
 import re
 import sys
 from typing import Callable, Optional, Sequence
@@ -19,6 +20,15 @@ def user_error_message(err: BaseException) -> Optional[str]:
         return str(err)
     found = _WRAPPED.findall(str(err))
     return found[-1].strip() if found else None
+
+
+def require_module(name: str, *, needed_for: str, install_hint: str):
+    """Import an optional dependency where it is used, or raise a one-line error saying how to
+    install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise UserInputError(f"{needed_for} needs {name}, which is not installed; {install_hint}") from None
 
 
 def run_cli(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[str]] = None) -> None:

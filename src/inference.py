@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from src.errors import UserInputError
+from src.errors import UserInputError, require_module
 
 EXTENSIONS = {".mindir": "MINDIR", ".onnx": "ONNX", ".air": "AIR"}
 ONNXRUNTIME_HINT = "pip install onnxruntime (or pip install -r requirements-dev.txt)"
@@ -20,12 +20,7 @@ Shape = Tuple[Optional[int], int, int, int]
 
 def require_onnxruntime():
     """The onnxruntime module, or a one-line error saying how to install it."""
-    try:
-        import onnxruntime  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        raise UserInputError(f"running ONNX files needs onnxruntime, which is not installed; "
-                             f"{ONNXRUNTIME_HINT}") from None
-    return onnxruntime
+    return require_module("onnxruntime", needed_for="running ONNX files", install_hint=ONNXRUNTIME_HINT)
 
 
 def file_format_of(path: str) -> str:
