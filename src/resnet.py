@@ -34,7 +34,7 @@ class ZeroBorder(nn.Cell):
     """Adds one row and one column of zeros on each side of an NCHW tensor.
 
     Built from concatenations: MindSpore's CPU Pad kernel took 8-14x as long for the same
-    result (e.g. 120 ms against 9 ms for an 8x64x112x112 tensor), a tenth of a ResNet18 step."""
+    result (e.g. 120 ms against 9 ms for an 8x64x112x112 tensor), 5% of a ResNet18 b64@32 step."""
 
     def construct(self, x):
         rows = ops.zeros_like(x[:, :, :1, :])

@@ -199,3 +199,12 @@ def test_stride_2_convolutions_pad_symmetrically(which):
         same = correlate_reference(x, w, 2, pad - 1, pad)
         assert same.shape == want.shape
         assert np.abs(same - want).max() > 1e-2
+
+
+def test_stem_max_pool_pads_one_pixel_on_every_side():
+    net = model("resnet18", num_classes=10)
+    x = np.random.default_rng(2).random((2, 3, 6, 7)).astype(np.float32)  # post-ReLU: >= 0
+    bordered = net.maxpool[0](Tensor(x)).asnumpy()
+    np.testing.assert_array_equal(bordered, np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))))
+    # torchvision's MaxPool2d(3, 2, padding=1) output size on a 6x7 input
+    assert net.maxpool(Tensor(x)).shape == (2, 3, 3, 4)
