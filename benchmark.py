@@ -7,8 +7,8 @@ For each (net, batch, image size) it reports, after warm-up and as medians over 
 graph compile time; training img/s on in-memory data (compute) and through the real pipeline
 from generated CIFAR-10 binary files and JPEG class folders (end to end); evaluation img/s and
 latency p50/p95/p99 at batch 1 and at the batch size; and each pipeline's img/s alone. With
---vs-torch the same network, batch, size and thread count run in PyTorch eager fp32, in
-alternation with MindSpore, and the ratios are printed. Everything is fp32 on the CPU.
+--vs-torch the same network, batch, size and thread count run in PyTorch eager fp32, in a
+process of their own, alternating with MindSpore, and the ratios are printed. Everything is fp32 on the CPU.
 """
 import argparse
 import importlib.util
@@ -21,6 +21,8 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
+
+from src.errors import OneLineParser, UserInputError, run_cli
 
 PRESETS = {"targets": [("resnet50", 8, 224), ("resnet18", 64, 32)]}
 CLASSES = 10
@@ -66,8 +68,7 @@ class MindSporeRunner:
         self.net = create_model(net_name, num_classes=CLASSES)
         optimizer = create_optimizer(self.net, name="Momentum", learning_rate=0.01, weight_decay=1e-4)
         self.train_cell = nn.TrainOneStepCell(nn.WithLossCell(self.net, create_loss(num_classes=CLASSES)), optimizer)
-        self.train_cell.set_train()
-        self.eval_cell = EvalCell(self.net)
+        self.training = None
         rng = np.random.default_rng(0)
         self.images = ms.Tensor(rng.random((batch, 3, size, size), dtype=np.float32))
         self.labels = ms.Tensor((np.arange(batch) % CLASSES).astype(np.int32))
@@ -81,29 +82,20 @@ class MindSporeRunner:
         self.train_step()
         return round(first - (time.perf_counter() - start), 2)
 
+    def _set_training(self, training: bool) -> None:
+        # One network serves both graphs: switch BatchNorm's mode only when the phase changes.
+        if self.training != training:
+            self.train_cell.set_train(training)
+            self.training = training
+
     def train_step(self, images=None, labels=None) -> None:
+        self._set_training(True)
         loss = self.train_cell(self.images if images is None else images, self.labels if labels is None else labels)
         loss.asnumpy()
 
     def eval_step(self, single: bool) -> None:
-        self.eval_cell(self.one if single else self.images).asnumpy()
-
-
-def EvalCell(net):  # noqa: N802 - a factory that reads like the cell it returns
-    """The network in inference mode (a separate cell so the training graph stays in train mode)."""
-    from mindspore import nn
-
-    class _Eval(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-
-        def construct(self, x):
-            return self.net(x)
-
-    cell = _Eval()
-    cell.set_train(False)
-    return cell
+        self._set_training(False)
+        self.net(self.one if single else self.images).asnumpy()
 
 
 class TorchRunner:
@@ -246,8 +238,12 @@ class Worker:
         return self._read()
 
     def close(self) -> None:
-        self.process.stdin.write("quit\n")
-        self.process.stdin.close()
+        try:
+            if self.process.poll() is None:
+                self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+        except BrokenPipeError:  # it ended on its own; its exit code is what matters
+            pass
         self.process.wait()
 
 
@@ -256,10 +252,10 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     each in its own process."""
     report = {"net": net_name, "batch_size": batch, "image_size": size, "threads": args.threads,
               "workers": args.workers}
-    workers = [Worker("mindspore", net_name, batch, size, args)]
-    if args.vs_torch:
-        workers.append(Worker("torch", net_name, batch, size, args))
+    workers = []
     try:
+        for framework in ("mindspore", "torch") if args.vs_torch else ("mindspore",):
+            workers.append(Worker(framework, net_name, batch, size, args))
         rounds: Dict[str, List[Dict]] = {worker.framework: [] for worker in workers}
         for _ in range(args.repeats):
             for worker in workers:
@@ -333,22 +329,40 @@ def format_table(reports: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+positive_int.__name__ = "positive integer"  # argparse names the type in its error line
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="benchmark.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), help="run the preset configurations")
-    parser.add_argument("--net", default="resnet50")
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--image_size", type=int, default=224)
-    parser.add_argument("--threads", type=int, default=cores, help="compute threads, both frameworks")
-    parser.add_argument("--workers", type=int, default=1, help="data pipeline workers (best on 2 cores: 1)")
-    parser.add_argument("--steps", type=int, default=5, help="steps per timed run")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs; medians are reported")
-    parser.add_argument("--calls", type=int, default=20, help="timed calls per latency measurement")
+    parser.add_argument("--net", default="resnet50", help="resnet18, resnet34, resnet50, resnet101 or resnet152")
+    parser.add_argument("--batch_size", type=positive_int, default=8)
+    parser.add_argument("--image_size", type=positive_int, default=224)
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="compute threads, both frameworks (default: one per available core)")
+    parser.add_argument("--workers", type=positive_int, default=1, help="data pipeline workers (best on 2 cores: 1)")
+    parser.add_argument("--steps", type=positive_int, default=5, help="steps per timed run")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians are reported")
+    parser.add_argument("--calls", type=positive_int, default=20, help="timed calls per latency measurement")
     parser.add_argument("--vs-torch", dest="vs_torch", action="store_true", help="also run PyTorch eager")
     parser.add_argument("--json", default=None, help="write the report here")
     parser.add_argument("--worker", choices=("mindspore", "torch"), help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.worker:  # the measuring processes get checked values; the torch one must not load MindSpore
+        from src.device import available_cores
+        from src.resnet import ARCHS
+        if args.net not in ARCHS:
+            parser.error(f"argument --net: invalid choice: '{args.net}' (choose from {', '.join(ARCHS)})")
+        args.threads = args.threads or available_cores()
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -356,8 +370,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.worker:
         return serve(args)
     if args.vs_torch and importlib.util.find_spec("torch") is None:
-        print("error: --vs-torch needs PyTorch: pip install torch==2.13.0+cpu (the CPU build)", file=sys.stderr)
-        return 2
+        from src.convert_torch import INSTALL_HINT
+        raise UserInputError(f"--vs-torch needs PyTorch, which is not installed; {INSTALL_HINT}")
     configs = PRESETS[args.preset] if args.preset else [(args.net, args.batch_size, args.image_size)]
     reports = []
     with tempfile.TemporaryDirectory(prefix="benchmark-") as data_root:
@@ -372,4 +386,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -1,6 +1,8 @@
 """benchmark.py in a tiny configuration writes a complete JSON report (no timing assertions)."""
 import json
 
+import pytest
+
 from conftest import PYTHON, run
 
 
@@ -24,6 +26,15 @@ def test_benchmark_writes_every_field(tmp_path):
     assert set(report["ratios"]) == {"pipeline_cifar10_over_training", "pipeline_imagenet2012_over_training",
                                      "train_mindspore_over_torch", "eval_batch_1_mindspore_over_torch",
                                      "eval_batch_2_mindspore_over_torch"}
+
+
+@pytest.mark.parametrize("args", [["--net", "resnet99"], ["--batch_size", "0"]])
+def test_bad_arguments_stop_before_measuring(tmp_path, args):
+    report_path = tmp_path / "bench.json"
+    result = run([PYTHON, "benchmark.py", *args, "--json", str(report_path)])
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and args[0] in result.stderr
+    assert not report_path.exists()
 
 
 def test_enable_profiling_writes_a_trace_into_the_run_folder(tmp_path, cifar_dir):
