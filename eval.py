@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from src.checkpoint import load_into_network
 from src.config import load_config
-from src.dataset import create_dataset
+from src.dataset import create_eval_dataset
 from src.device import init_device
 from src.distributed import init_distributed, launcher_device_id
 from src.errors import UserInputError, run_cli
@@ -28,9 +28,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
                 processes_per_node=cfg.device_num if cfg.run_distribute else 1)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
-    dataset = create_dataset(cfg.dataset, cfg.eval_dataset_path or cfg.data_path, training=False,
-                             batch_size=cfg.batch_size, image_size=cfg.eval_image_size, class_num=cfg.class_num,
-                             num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size, shard_id=rank)
+    dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size)
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
     load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}")
     result = evaluate(net, dataset, num_classes=cfg.class_num, group_size=group_size)

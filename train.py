@@ -19,7 +19,7 @@ from src.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMon
 from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches,
                             raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
 from src.config import Config, load_config, run_dir, save_config
-from src.dataset import create_dataset, set_start_epoch
+from src.dataset import create_dataset, create_eval_dataset, set_start_epoch
 from src.device import init_device
 from src.distributed import (check_fusion_points, fusion_split_points, init_distributed, launcher_device_id,
                              set_data_parallel)
@@ -45,17 +45,6 @@ def create_train_dataset(cfg: Config, rank: int, group_size: int):
                           image_size=cfg.train_image_size, class_num=cfg.class_num,
                           num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size,
                           shard_id=rank, seed=cfg.seed)
-
-
-def create_eval_dataset(cfg: Config, rank: int, group_size: int):
-    """The evaluation split: eval_dataset_path, else data_path's test_batch.bin or val/ folder."""
-    if cfg.dataset == "imagenet2012" and not cfg.eval_dataset_path \
-            and not os.path.isdir(os.path.join(cfg.data_path, "val")):
-        raise UserInputError(f"run_eval needs validation images: {cfg.data_path} has no val/ folder; pass "
-                             f"--eval_dataset_path /path/to/val")
-    return create_dataset(cfg.dataset, cfg.eval_dataset_path or cfg.data_path, training=False,
-                          batch_size=cfg.batch_size, image_size=cfg.eval_image_size, class_num=cfg.class_num,
-                          num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size, shard_id=rank)
 
 
 def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
@@ -180,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dataset = create_train_dataset(cfg, rank, group_size)
     steps_per_epoch = dataset.get_dataset_size()
     check_sink_size(cfg, steps_per_epoch)
-    eval_dataset = create_eval_dataset(cfg, rank, group_size) if cfg.run_eval else None
+    eval_dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size) if cfg.run_eval else None
     lrs = create_schedule(cfg, steps_per_epoch)
     model = create_train_model(cfg, net, lrs)
 

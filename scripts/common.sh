@@ -19,10 +19,13 @@ resolve_run_dir() {
 # Run a command in the foreground; its stdout and stderr go to the console (each to its own
 # stream, so a JSON last line stays last on stdout) and both into LOG. Returns its exit code.
 run_logged() {
-    local log=$1 status
+    local log=$1 status out err out_pid err_pid
     shift
-    "$@" > >(tee -a "$log") 2> >(tee -a "$log" >&2)
+    exec {out}> >(tee -a "$log"); out_pid=$!
+    exec {err}> >(tee -a "$log" >&2); err_pid=$!
+    "$@" >&"$out" 2>&"$err"
     status=$?
-    wait   # let the tee processes flush
+    exec {out}>&- {err}>&-
+    wait "$out_pid" "$err_pid"   # a bare wait covers only the last tee; the log must be complete on return
     return $status
 }

@@ -31,14 +31,15 @@ if [[ ${1:-} == *.json ]]; then RANK_TABLE=$1; shift; fi
 DATASET_PATH=$1; CONFIG_PATH=$2; shift 2
 WORKERS=8; LOCAL_WORKERS=""; DEVICE_TARGET=Ascend; MASTER_ADDR=127.0.0.1; MASTER_PORT=8118; NODE_RANK=0; DRY_RUN=0
 OVERRIDES=()
+needs_value() { [[ $# -ge 2 ]] || die "$1 needs a value; see $(basename "$0") --help"; }
 while [[ $# -gt 0 ]]; do
     case $1 in
-        --workers) WORKERS=$2; shift 2 ;;
-        --local_workers) LOCAL_WORKERS=$2; shift 2 ;;
-        --device_target) DEVICE_TARGET=$2; shift 2 ;;
-        --master_addr) MASTER_ADDR=$2; shift 2 ;;
-        --master_port) MASTER_PORT=$2; shift 2 ;;
-        --node_rank) NODE_RANK=$2; shift 2 ;;
+        --workers) needs_value "$@"; WORKERS=$2; shift 2 ;;
+        --local_workers) needs_value "$@"; LOCAL_WORKERS=$2; shift 2 ;;
+        --device_target) needs_value "$@"; DEVICE_TARGET=$2; shift 2 ;;
+        --master_addr) needs_value "$@"; MASTER_ADDR=$2; shift 2 ;;
+        --master_port) needs_value "$@"; MASTER_PORT=$2; shift 2 ;;
+        --node_rank) needs_value "$@"; NODE_RANK=$2; shift 2 ;;
         --dry_run) DRY_RUN=1; shift ;;
         *) OVERRIDES+=("$1"); shift ;;
     esac
@@ -122,6 +123,8 @@ echo "logs: $LOG_DIR (console follows $(basename "$FIRST_LOG"))"
 touch "$FIRST_LOG"
 tail -n +1 -F "$FIRST_LOG" 2>/dev/null &
 TAIL=$!
+# Background jobs of a script ignore Ctrl-C: stop the ranks ourselves so none keeps its device.
+trap 'kill ${LAUNCHER:-} ${PIDS[@]+"${PIDS[@]}"} "$TAIL" 2>/dev/null; echo "error: interrupted; the ranks were stopped" >&2; exit 130' INT TERM
 if [[ -z $RANK_TABLE ]]; then
     wait "$LAUNCHER"; STATUS=$?
 else

@@ -24,5 +24,5 @@ require_env
 [[ -f $CONFIG_PATH ]] || die "config file not found: $CONFIG_PATH"
 
 LOG="$(dirname "$CHECKPOINT_PATH")/eval_$(date +%Y%m%d_%H%M%S).log"
-run_logged "$LOG" "$PY" "$ROOT/eval.py" --config_path "$CONFIG_PATH" --data_path "$DATASET_PATH" \
+run_logged "$LOG" "$PY" "$ROOT/eval.py" --config_path "$CONFIG_PATH" --data_path "$DATASET_PATH" --eval_dataset_path "$DATASET_PATH" \
     --checkpoint_file_path "$CHECKPOINT_PATH" "$@"

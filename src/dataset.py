@@ -73,6 +73,9 @@ class ImageFolderSource:
     def __init__(self, data_path: str, training: bool):
         _require_folder(data_path)
         split = os.path.join(data_path, "train" if training else "val")
+        if not training and not os.path.isdir(split) and os.path.isdir(os.path.join(data_path, "train")):
+            raise UserInputError(f"{data_path} has train/ but no val/ folder to evaluate on; pass the "
+                                 f"validation folder (--eval_dataset_path, or DATASET_PATH for run_eval.sh)")
         self.root = split if os.path.isdir(split) else data_path
         self.class_names = sorted(entry.name for entry in os.scandir(self.root) if entry.is_dir())
         if not self.class_names:
@@ -309,3 +312,11 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
 def set_start_epoch(data: ds.Dataset, epoch: int) -> None:
     """Make the first epoch `data` yields be `epoch` (for resuming), before it is iterated."""
     data.epoch_sampler.epoch = epoch
+
+
+def create_eval_dataset(cfg, *, rank: int = 0, group_size: int = 1) -> ds.Dataset:
+    """The evaluation split of a run's config (train.py and eval.py): eval_dataset_path, else
+    data_path's test_batch.bin or val/ folder, split exactly across `group_size` ranks."""
+    return create_dataset(cfg.dataset, cfg.eval_dataset_path or cfg.data_path, training=False,
+                          batch_size=cfg.batch_size, image_size=cfg.eval_image_size, class_num=cfg.class_num,
+                          num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size, shard_id=rank)

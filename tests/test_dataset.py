@@ -356,3 +356,11 @@ def test_batch_larger_than_the_shard(cifar_dir):
     expect_error(str(cifar_dir), "cifar10", str(cifar_dir), training=True, batch_size=N_TRAIN + 1, image_size=32)
     expect_error(str(cifar_dir), "cifar10", str(cifar_dir), training=True, batch_size=64, image_size=32,
                  num_shards=4)
+
+
+def test_evaluating_a_tree_with_train_but_no_val_names_the_missing_folder(tmp_path):
+    (tmp_path / "train" / "cat").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "train" / "cat" / "0.jpg")
+    with pytest.raises(UserInputError, match="no val/ folder"):
+        ImageFolderSource(str(tmp_path), training=False)
+    assert len(ImageFolderSource(str(tmp_path), training=True)) == 1
