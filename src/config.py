@@ -16,7 +16,8 @@ from src.errors import UserInputError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")
-# Every config file has this file's keys, with values of the same types.
+# The schema: every key a run may set, its type and its default. A config file sets any subset of
+# these keys (with values of the same types); the keys it leaves out take this file's values.
 REFERENCE_CONFIG = DEFAULT_CONFIG
 # Keys that must be > 0 (checked at load, not hours into a run).
 POSITIVE_KEYS = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_image_size",
@@ -144,7 +145,8 @@ def _type_name(value: Any) -> str:
 
 
 def check_against_reference(values: Dict[str, Any], path: str, reference_path: Optional[str]) -> Dict[str, Any]:
-    """Every key of the reference config, no other key, and values of the reference's types.
+    """The reference config's keys and no other, with values of the reference's types; keys the
+    file leaves out take the reference's values.
 
     A saved run config (config.yaml) also holds `config_path`, which is dropped here."""
     values = {key: value for key, value in values.items() if key != "config_path"}
@@ -152,11 +154,8 @@ def check_against_reference(values: Dict[str, Any], path: str, reference_path: O
     for key in values:
         if key not in reference:
             raise unknown_key_error(key, reference.keys(), path)
-    missing = [key for key in reference if key not in values]
-    if missing:
-        raise UserInputError(f"config file {path} lacks {', '.join(missing)}; copy them from {REFERENCE_CONFIG}")
     checked = {}
-    for key, value in values.items():
+    for key, value in {**reference, **values}.items():
         expected = reference[key]
         if isinstance(expected, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)

@@ -264,9 +264,9 @@ def test_user_config_is_checked_against_the_reference(tmp_path):
     wrong_type = user_config(tmp_path, lambda t: t.replace("epoch_size: 90", "epoch_size: ninety"))
     with pytest.raises(UserInputError, match="epoch_size must be an integer"):
         load_config(["--config_path", wrong_type])
-    missing = user_config(tmp_path, lambda t: t.replace("momentum: 0.9\n", ""))
-    with pytest.raises(UserInputError, match="lacks momentum"):
-        load_config(["--config_path", missing])
+    missing = user_config(tmp_path, lambda t: t.replace("momentum: 0.9\n", "").replace("lr_max: 0.1", "lr_max: 0.2"))
+    cfg = load_config(["--config_path", missing])
+    assert cfg.momentum == 0.9 and cfg.lr_max == 0.2  # a key left out takes the reference's value
 
 
 def test_exponent_floats_and_saved_configs_load(tmp_path):
