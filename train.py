@@ -19,7 +19,7 @@ from src.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMon
 from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches,
                             raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
 from src.config import Config, load_config, run_dir, save_config
-from src.dataset import create_dataset, create_eval_dataset, set_start_epoch
+from src.dataset import Augmentation, create_dataset, create_eval_dataset, set_start_epoch
 from src.device import init_device
 from src.distributed import (check_fusion_points, fusion_split_points, init_distributed, launcher_device_id,
                              set_data_parallel)
@@ -40,11 +40,19 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
 
 
+def data_recipe(cfg: Config) -> Augmentation:
+    """The training data recipe's switches from the config (keys of the same names)."""
+    return Augmentation(auto_augment=cfg.auto_augment, ra_num_ops=cfg.ra_num_ops, ra_magnitude=cfg.ra_magnitude,
+                        augmix_severity=cfg.augmix_severity, random_erase=cfg.random_erase,
+                        mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, ra_reps=cfg.ra_reps)
+
+
 def create_train_dataset(cfg: Config, rank: int, group_size: int):
     return create_dataset(cfg.dataset, cfg.data_path, training=True, batch_size=cfg.batch_size,
                           image_size=cfg.train_image_size, class_num=cfg.class_num,
                           num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size,
-                          shard_id=rank, seed=cfg.seed)
+                          shard_id=rank, seed=cfg.seed, augmentation=data_recipe(cfg),
+                          interpolation=cfg.interpolation)
 
 
 def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:

@@ -24,7 +24,8 @@ POSITIVE_KEYS = ("batch_size", "epoch_size", "class_num", "train_image_size", "e
                  "num_parallel_workers", "save_checkpoint_epochs", "keep_checkpoint_max", "log_interval",
                  "eval_interval", "profile_steps", "device_num", "loss_scale")
 NON_NEGATIVE_KEYS = ("warmup_epochs", "lr_init", "lr_max", "lr_end", "weight_decay", "momentum",
-                     "save_checkpoint_steps", "label_smooth_factor", "eval_start_epoch", "device_id")
+                     "save_checkpoint_steps", "label_smooth_factor", "eval_start_epoch", "device_id",
+                     "eval_resize_size")
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 

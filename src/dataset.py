@@ -1,8 +1,9 @@
 """One dataset factory for CIFAR-10 binary files and ImageNet-style class folders.
 
 The pipeline's randomness (sample order and augmentation) is a pure function of
-(seed, epoch, sample index): an `EpochSampler` hands out keys `epoch * N + index`, and the
-source derives each sample's crop and flip from that key. So a run resumed at epoch k sees
+(seed, epoch, sample index): an `EpochSampler` hands out keys `(epoch * ra_reps + repeat) * N +
+index`, and the source derives each sample's crop, flip, policy and erasing box from that key; batch
+mixing draws from a generator keyed by the batch's first key. So a run resumed at epoch k sees
 exactly the data an uninterrupted run would, whatever the number of workers.
 Sharding is done here too: eval shards split the samples exactly (nothing dropped or
 repeated); training shards are equal-sized slices of the epoch's permutation.
@@ -10,6 +11,7 @@ repeated); training shards are equal-sized slices of the epoch's permutation.
 import glob
 import math
 import os
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
@@ -18,7 +20,10 @@ from PIL import Image
 import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
 
+from src.auto_augment import create_policy, interpolation_mode
+from src.batch_mixing import check_mixing, mix_batch
 from src.errors import UserInputError
+from src.random_erasing import erase, erase_box
 
 DATASETS = ("cifar10", "imagenet2012")
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
@@ -27,6 +32,43 @@ CIFAR_SIDE = 32
 CIFAR_RECORD_BYTES = 1 + CIFAR_SIDE * CIFAR_SIDE * 3
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 EVAL_CROP_RATIO = 0.875  # resize to 256 then center-crop 224
+PIL_INTERPOLATIONS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+MIXING_STREAM = 1  # keeps the batch generator apart from the per-sample ones
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """The training data recipe beyond crop and flip (config keys of the same names)."""
+    auto_augment: str = "none"     # none | imagenet | cifar10 | svhn | ra | ta_wide | augmix
+    ra_num_ops: int = 2
+    ra_magnitude: int = 9
+    augmix_severity: int = 3
+    random_erase: float = 0.0      # probability
+    mixup_alpha: float = 0.0       # 0: off
+    cutmix_alpha: float = 0.0      # 0: off
+    ra_reps: int = 1               # repeated augmentation: copies of each sample per epoch
+
+    @property
+    def mixes(self) -> bool:
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+    @property
+    def needs_batch_stage(self) -> bool:
+        """Erasing and mixing act on the normalized batch."""
+        return self.random_erase > 0 or self.mixes
+
+    def check(self) -> None:
+        """One-line errors naming the key for values out of range."""
+        create_policy(self.auto_augment, num_ops=self.ra_num_ops, magnitude=self.ra_magnitude,
+                      severity=self.augmix_severity)
+        if not 0.0 <= self.random_erase <= 1.0:
+            raise UserInputError(f"random_erase is a probability in [0, 1], got {self.random_erase}")
+        check_mixing(self.mixup_alpha, self.cutmix_alpha)
+        if self.ra_reps < 1:
+            raise UserInputError(f"ra_reps must be >= 1 (1 turns repeated augmentation off), got {self.ra_reps}")
+
+
+PLAIN = Augmentation()
 
 
 class CifarBinarySource:
@@ -146,33 +188,53 @@ def random_resized_crop_box(width: int, height: int, rng: np.random.Generator,
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
 
 
-def folder_train_transform(image: Image.Image, size: int, rng: np.random.Generator) -> np.ndarray:
+def pil_interpolation(name: str) -> int:
+    interpolation_mode(name)  # the one check of the name
+    return PIL_INTERPOLATIONS[name]
+
+
+def eval_resize_side(image_size: int, resize_size: int = 0) -> int:
+    """The short side evaluation resizes to: `resize_size`, or image_size / 0.875 when 0."""
+    return resize_size or int(round(image_size / EVAL_CROP_RATIO))
+
+
+def folder_train_transform(image: Image.Image, size: int, rng: np.random.Generator,
+                           interpolation: str = "bilinear") -> np.ndarray:
     """ImageNet augmentation: random resized crop to size x size, flip half the time."""
     left, top, crop_w, crop_h = random_resized_crop_box(image.width, image.height, rng)
-    image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + crop_w, top + crop_h))
+    image = image.resize((size, size), pil_interpolation(interpolation), box=(left, top, left + crop_w, top + crop_h))
     if rng.random() < 0.5:
         image = image.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(image)
 
 
-def folder_eval_transform(image: Image.Image, size: int) -> np.ndarray:
-    """Resize the short side to size / 0.875 (256 for 224), then center-crop size x size."""
-    short = int(round(size / EVAL_CROP_RATIO))
+def folder_eval_transform(image: Image.Image, size: int, resize_size: int = 0,
+                          interpolation: str = "bilinear") -> np.ndarray:
+    """Resize the short side to `resize_size` (default size / 0.875: 256 for 224), then center-crop
+    size x size."""
+    short = eval_resize_side(size, resize_size)
     scale = short / min(image.width, image.height)
     resized_w, resized_h = max(size, round(image.width * scale)), max(size, round(image.height * scale))
-    image = image.resize((resized_w, resized_h), Image.BILINEAR)
+    image = image.resize((resized_w, resized_h), pil_interpolation(interpolation))
     left, top = (resized_w - size) // 2, (resized_h - size) // 2
     return np.asarray(image.crop((left, top, left + size, top + size)))
 
 
 class AugmentedSource:
-    """Random-access source over keys `epoch * N + index`; augmentation seeded by (seed, key)."""
+    """Random-access source over sample keys (index = key % N); augmentation seeded by (seed, key).
 
-    def __init__(self, source, transform: Callable, augment: bool, seed: int):
+    Draws come in a fixed order from the sample's generator: crop and flip, then the policy, then
+    the erasing box. With `batch_stage`, rows also carry the key and the box for the batch map."""
+
+    def __init__(self, source, transform: Callable, augment: bool, seed: int, *, policy: Optional[Callable] = None,
+                 erase_probability: float = 0.0, image_size: int = 0, batch_stage: bool = False):
         self.source = source
         self.transform = transform
         self.augment = augment
         self.seed = seed
+        self.policy = policy
+        self.erase_probability, self.image_size = erase_probability, image_size
+        self.batch_stage = batch_stage
 
     def __len__(self) -> int:
         return len(self.source)
@@ -182,17 +244,45 @@ class AugmentedSource:
         index = key % len(self.source)
         rng = np.random.default_rng([self.seed, key]) if self.augment else None
         image = self.transform(self.source.load(index), rng)
-        return np.ascontiguousarray(image), self.source.labels[index]
+        if self.policy is not None and rng is not None:
+            image = self.policy(np.ascontiguousarray(image), rng)
+        row = (np.ascontiguousarray(image), self.source.labels[index])
+        if not self.batch_stage:
+            return row
+        box = erase_box(self.image_size, self.image_size, rng, self.erase_probability)
+        return row + (np.int64(key), np.asarray(box, dtype=np.int32))
+
+
+class BatchStage:
+    """The batch map of the training recipe: erase each sample's box (after normalization), then
+    mix the batch with a generator keyed by (seed, the batch's first sample key)."""
+
+    def __init__(self, augmentation: Augmentation, num_classes: int, seed: int):
+        self.augmentation, self.num_classes, self.seed = augmentation, num_classes, seed
+
+    def __call__(self, images, labels, keys, boxes, batch_info=None):
+        images = erase(np.stack(images), np.stack(boxes))
+        labels = np.asarray(labels)
+        if self.augmentation.mixes:
+            rng = np.random.default_rng([self.seed, MIXING_STREAM, int(keys[0])])
+            images, labels = mix_batch(images, labels, rng, num_classes=self.num_classes,
+                                       mixup_alpha=self.augmentation.mixup_alpha,
+                                       cutmix_alpha=self.augmentation.cutmix_alpha)
+        return images, labels
 
 
 class EpochSampler(ds.Sampler):
-    """Yields keys `epoch * N + index` for this shard; each call to iter() is the next epoch.
+    """Yields sample keys `(epoch * repeats + repeat) * N + index` for this shard; each call to
+    iter() is the next epoch.
 
-    Training: the epoch's permutation (seeded by seed and epoch), cut into equal shards.
-    Evaluation: every sample exactly once across shards, in order."""
+    Training: the epoch's permutation (seeded by seed and epoch), cut into equal shards. With
+    `repeats` > 1 (repeated augmentation), each index of the permutation stands `repeats` times in
+    a row and the shards take every `num_shards`-th entry, so the copies of a sample land on
+    different ranks with different keys; each shard keeps N / num_shards entries, so an epoch is as
+    long as without repeats. Evaluation: every sample exactly once across shards, in order."""
 
     def __init__(self, num_samples: int, *, training: bool, shuffle: bool, num_shards: int,
-                 shard_id: int, seed: int, start_epoch: int = 0):
+                 shard_id: int, seed: int, start_epoch: int = 0, repeats: int = 1):
         self.total = num_samples
         self.training = training
         self.shuffle = shuffle
@@ -200,21 +290,29 @@ class EpochSampler(ds.Sampler):
         self.shard_id = shard_id
         self.seed = seed
         self.epoch = start_epoch
+        self.repeats = repeats if training else 1
         super().__init__()  # reads len(self)
 
-    def epoch_indices(self, epoch: int) -> np.ndarray:
-        """The indices this shard reads in `epoch`."""
+    def epoch_keys(self, epoch: int) -> np.ndarray:
+        """The sample keys this shard reads in `epoch`."""
         order = np.arange(self.total)
         if self.shuffle:
             order = np.random.default_rng([self.seed, epoch]).permutation(self.total)
-        shard = order[self.shard_id::self.num_shards]
-        return shard[:self.total // self.num_shards] if self.training else shard
+        positions = np.arange(self.shard_id, self.total * self.repeats, self.num_shards)
+        if self.training:
+            positions = positions[:self.total // self.num_shards]
+        index, repeat = order[positions // self.repeats], positions % self.repeats
+        return (epoch * self.repeats + repeat) * self.total + index
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        """The sample indices this shard reads in `epoch`."""
+        return self.epoch_keys(epoch) % self.total
 
     def __iter__(self):
         epoch = self.epoch
         self.epoch += 1
-        for index in self.epoch_indices(epoch):
-            yield int(epoch * self.total + index)
+        for key in self.epoch_keys(epoch):
+            yield int(key)
 
     def __len__(self) -> int:
         if self.training:
@@ -222,7 +320,7 @@ class EpochSampler(ds.Sampler):
         return len(range(self.shard_id, self.total, self.num_shards))
 
 
-def _transforms(dataset: str, image_size: int):
+def _transforms(dataset: str, image_size: int, resize_size: int = 0, interpolation: str = "bilinear"):
     """The per-sample (Python) transform and the normalization constants of `dataset`.
 
     The transform gets rng=None when augmentation is off."""
@@ -233,26 +331,27 @@ def _transforms(dataset: str, image_size: int):
 
     def transform(image, rng):
         if rng is None:
-            return folder_eval_transform(image, image_size)
-        return folder_train_transform(image, image_size, rng)
+            return folder_eval_transform(image, image_size, resize_size, interpolation)
+        return folder_train_transform(image, image_size, rng, interpolation)
     return transform, IMAGENET_MEAN, IMAGENET_STD
 
 
-def preprocess_eval_image(image: Image.Image, dataset: str, image_size: int) -> np.ndarray:
+def preprocess_eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: int = 0,
+                          interpolation: str = "bilinear") -> np.ndarray:
     """One image as evaluation feeds it to the network: float32 CHW, normalized (for prediction).
 
     The steps of `create_dataset(..., training=False)`, with the same operations: 'imagenet2012'
-    applies the eval transform (short side to image_size / 0.875, center crop); 'cifar10' resizes
-    to image_size x image_size unless the image already has that size (CIFAR evaluates without a
-    crop); then the dataset's normalization."""
+    applies the eval transform (short side to `resize_size`, default image_size / 0.875, center
+    crop); 'cifar10' resizes to image_size x image_size unless the image already has that size
+    (CIFAR evaluates without a crop); then the dataset's normalization."""
     if dataset not in DATASETS:
         raise UserInputError(f"unknown dataset '{dataset}'; choose one of {', '.join(DATASETS)}")
-    transform, mean, std = _transforms(dataset, image_size)
+    transform, mean, std = _transforms(dataset, image_size, resize_size, interpolation)
     image = image.convert("RGB")
     if dataset == "cifar10":
         array = np.asarray(image)
         if array.shape[:2] != (image_size, image_size):
-            array = vision.Resize((image_size, image_size))(array)
+            array = vision.Resize((image_size, image_size), interpolation_mode(interpolation))(array)
     else:
         array = transform(image, None)
     array = vision.Normalize([m * 255 for m in mean], [s * 255 for s in std])(np.ascontiguousarray(array))
@@ -280,31 +379,51 @@ def create_source(dataset: str, data_path: str, training: bool):
 def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: int, image_size: int,
                    class_num: Optional[int] = None, num_parallel_workers: int = 2, num_shards: int = 1,
                    shard_id: int = 0, seed: int = 1, start_epoch: int = 0,
-                   shuffle: Optional[bool] = None, augment: Optional[bool] = None) -> ds.Dataset:
-    """A batched dataset of (image float32 CHW normalized, label int32).
+                   shuffle: Optional[bool] = None, augment: Optional[bool] = None,
+                   augmentation: Augmentation = PLAIN, interpolation: str = "bilinear",
+                   resize_size: int = 0) -> ds.Dataset:
+    """A batched dataset of (image float32 CHW normalized, label int32 - or float32 soft targets
+    [batch, class_num] when `augmentation` mixes batches).
 
     Training drops the last partial batch; evaluation keeps every sample exactly once.
-    `shuffle` and `augment` default to `training`."""
+    `shuffle` and `augment` default to `training`; `augmentation` (the recipe beyond crop and flip)
+    applies only where `augment` is on. `interpolation` (bilinear, bicubic, nearest) drives every
+    resize and geometric operation; `resize_size` is evaluation's short side (0: image_size / 0.875)."""
+    augment = training if augment is None else augment
+    augmentation = augmentation if augment else PLAIN
+    augmentation.check()
+    policy = create_policy(augmentation.auto_augment, num_ops=augmentation.ra_num_ops,
+                           magnitude=augmentation.ra_magnitude, severity=augmentation.augmix_severity,
+                           interpolation=interpolation)
+    if augmentation.mixes and class_num is None:
+        raise UserInputError("mixup/cutmix need class_num for their soft targets; set --class_num")
     source = create_source(dataset, data_path, training)
     if class_num is not None and source.labels.max() >= class_num:
         raise UserInputError(f"{data_path} has label {int(source.labels.max())} but class_num is "
                              f"{class_num}; set --class_num to the number of classes")
     shuffle = training if shuffle is None else shuffle
-    augment = training if augment is None else augment
-    transform, mean, std = _transforms(dataset, image_size)
+    transform, mean, std = _transforms(dataset, image_size, resize_size, interpolation)
     sampler = EpochSampler(len(source), training=training, shuffle=shuffle, num_shards=num_shards,
-                           shard_id=shard_id, seed=seed, start_epoch=start_epoch)
+                           shard_id=shard_id, seed=seed, start_epoch=start_epoch, repeats=augmentation.ra_reps)
     if len(sampler) == 0 or (training and len(sampler) < batch_size):
         raise UserInputError(f"{data_path} gives {len(sampler)} samples to this shard, fewer than one "
                              f"batch of {batch_size}; lower batch_size or add data")
-    data = ds.GeneratorDataset(AugmentedSource(source, transform, augment, seed), ["image", "label"],
-                               sampler=sampler, **_source_workers(dataset, num_parallel_workers))
+    batch_stage = augmentation.needs_batch_stage
+    columns = ["image", "label"] + (["key", "erase"] if batch_stage else [])
+    source_rows = AugmentedSource(source, transform, augment, seed, policy=policy, image_size=image_size,
+                                  erase_probability=augmentation.random_erase, batch_stage=batch_stage)
+    data = ds.GeneratorDataset(source_rows, columns, sampler=sampler, **_source_workers(dataset, num_parallel_workers))
     ops = []
     if dataset == "cifar10" and image_size != CIFAR_SIDE:
-        ops.append(vision.Resize((image_size, image_size)))
+        ops.append(vision.Resize((image_size, image_size), interpolation_mode(interpolation)))
     ops += [vision.Normalize([m * 255 for m in mean], [s * 255 for s in std]), vision.HWC2CHW()]
     data = data.map(ops, input_columns="image", num_parallel_workers=num_parallel_workers)
-    data = data.batch(batch_size, drop_remainder=training)
+    if batch_stage:
+        data = data.batch(batch_size, drop_remainder=training, input_columns=columns,
+                          output_columns=["image", "label"],
+                          per_batch_map=BatchStage(augmentation, class_num or 0, seed))
+    else:
+        data = data.batch(batch_size, drop_remainder=training)
     data.epoch_sampler = sampler
     return data
 
@@ -319,4 +438,5 @@ def create_eval_dataset(cfg, *, rank: int = 0, group_size: int = 1) -> ds.Datase
     data_path's test_batch.bin or val/ folder, split exactly across `group_size` ranks."""
     return create_dataset(cfg.dataset, cfg.eval_dataset_path or cfg.data_path, training=False,
                           batch_size=cfg.batch_size, image_size=cfg.eval_image_size, class_num=cfg.class_num,
-                          num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size, shard_id=rank)
+                          num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size, shard_id=rank,
+                          interpolation=cfg.interpolation, resize_size=cfg.eval_resize_size)

@@ -1,19 +1,25 @@
-"""Cross-entropy with label smoothing, PyTorch's definition: target = (1 - e) * onehot + e / K."""
+"""Cross-entropy with label smoothing, PyTorch's definition: target = (1 - e) * target + e / K, for
+integer labels and for soft targets (the probabilities mixup and cutmix produce) alike."""
 from mindspore import nn, ops
 
 
 class CrossEntropySmooth(nn.Cell):
-    """Mean cross-entropy of logits against integer labels, with label smoothing `smooth_factor`."""
+    """Mean cross-entropy of logits against integer labels [batch] or soft targets [batch, K],
+    with label smoothing `smooth_factor`."""
 
     def __init__(self, num_classes: int, smooth_factor: float = 0.0):
         super().__init__()
         self.num_classes = num_classes
+        self.smooth_factor = smooth_factor
         self.on_value = 1.0 - smooth_factor + smooth_factor / num_classes
         self.off_value = smooth_factor / num_classes
         self.log_softmax = nn.LogSoftmax(axis=-1)
 
     def construct(self, logits, labels):
-        target = ops.one_hot(labels, self.num_classes, self.on_value, self.off_value)
+        if labels.ndim == 1:
+            target = ops.one_hot(labels, self.num_classes, self.on_value, self.off_value)
+        else:
+            target = labels * (1.0 - self.smooth_factor) + self.off_value
         target = ops.cast(target, logits.dtype)
         return -(target * self.log_softmax(logits)).sum(axis=-1).mean()
 
