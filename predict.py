@@ -4,7 +4,8 @@
         --labels /data/imagenet/train --top_k 5
 
 Each image gets the evaluation transform of --dataset, exactly as eval.py feeds the network
-(imagenet2012: short side to image_size / 0.875, center crop; cifar10: resize to image_size),
+(imagenet2012: short side to --resize_size, default image_size / 0.875, center crop; cifar10:
+resize to image_size),
 and the dataset's normalization. image_size defaults to the model's input size.
 For each image one line shows its top-k classes with probabilities (softmax of the logits);
 the last line on stdout is one JSON object: {"model", "dataset", "image_size", "predictions":
@@ -38,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "and normalization")
     parser.add_argument("--image_size", type=int, default=0,
                         help="the network's input side (default: read from the model file)")
+    parser.add_argument("--resize_size", type=int, default=0,
+                        help="imagenet2012: the short side before the center crop, as eval_resize_size in "
+                             "training (default: image_size / 0.875)")
+    parser.add_argument("--interpolation", default="bilinear", choices=("bilinear", "bicubic", "nearest"),
+                        help="resizing, as in training (default bilinear)")
     parser.add_argument("--labels", default="",
                         help="class names: a text file (one per line) or a dataset folder")
     parser.add_argument("--top_k", type=int, default=5, help="how many classes to show per image (default 5)")
@@ -66,10 +72,11 @@ def resolve_image_size(model: ExportedModel, requested: int) -> int:
     raise UserInputError(f"cannot read the input size of {model.path}; pass --image_size")
 
 
-def load_image(path: str, dataset: str, image_size: int) -> np.ndarray:
+def load_image(path: str, dataset: str, image_size: int, resize_size: int = 0,
+               interpolation: str = "bilinear") -> np.ndarray:
     try:
         with Image.open(path) as image:
-            return preprocess_eval_image(image, dataset, image_size)
+            return preprocess_eval_image(image, dataset, image_size, resize_size, interpolation)
     except (OSError, ValueError) as err:
         raise UserInputError(f"cannot read image {path} ({err}); pass image files") from None
 
@@ -78,6 +85,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.top_k < 1 or args.batch_size < 1:
         raise UserInputError("--top_k and --batch_size must be positive")
+    if args.resize_size < 0:
+        raise UserInputError(f"--resize_size must be >= 0 (0: image_size / 0.875), got {args.resize_size}")
     file_format = file_format_of(args.model)
     paths = list_images(args.images, IMAGE_EXTENSIONS)
     names: Optional[List[str]] = read_class_names(args.labels) if args.labels else None
@@ -89,7 +98,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Chunk by chunk, so a folder of 50,000 images never sits in memory at once.
     chunk = args.batch_size * 16
     logits = np.concatenate([
-        model.predict(np.stack([load_image(path, args.dataset, image_size) for path in paths[start:start + chunk]]),
+        model.predict(np.stack([load_image(path, args.dataset, image_size, args.resize_size, args.interpolation)
+                                for path in paths[start:start + chunk]]),
                       batch_size=args.batch_size)
         for start in range(0, len(paths), chunk)])
     if names is not None and len(names) != logits.shape[1]:
