@@ -95,6 +95,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "-h" in args or "--help" in args:
         print(__doc__)
     cfg = load_config(args, prog="export.py")
+    for note in cfg.notes:
+        print(note, flush=True)
     if not cfg.checkpoint_file_path:
         raise UserInputError("no checkpoint given; pass --checkpoint_file_path path/to/model.ckpt")
     file_format = check_format(cfg)

@@ -18,6 +18,7 @@ from PIL import Image
 import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
 
+from src.device import worker_budget
 from src.errors import UserInputError
 
 DATASETS = ("cifar10", "imagenet2012")
@@ -286,6 +287,7 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     Training drops the last partial batch; evaluation keeps every sample exactly once.
     `shuffle` and `augment` default to `training`."""
     source = create_source(dataset, data_path, training)
+    num_parallel_workers = worker_budget(num_parallel_workers)  # entry points cap (and log) per rank first
     if class_num is not None and source.labels.max() >= class_num:
         raise UserInputError(f"{data_path} has label {int(source.labels.max())} but class_num is "
                              f"{class_num}; set --class_num to the number of classes")
