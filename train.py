@@ -16,7 +16,7 @@ from mindspore.train import Model
 
 from src.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
                            TrainMonitor)
-from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches,
+from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches, network_params,
                             raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
 from src.config import Config, load_config, run_dir, save_config
 from src.dataset import create_dataset, create_eval_dataset, set_start_epoch
@@ -98,6 +98,9 @@ def check_fresh_run_folder(folder: str, net_name: str) -> None:
 def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_size: int) -> int:
     """Restore the whole training state from `path`; returns the number of epochs already done."""
     params = read_checkpoint(path)
+    if network_params(params, path)[1]:
+        raise UserInputError(f"checkpoint {path} has the model zoo's names: its optimizer state cannot be resumed "
+                             f"here; start from its weights with --pre_trained {path}")
     raise_if_mismatched(network_mismatches(net, params), path, "this network", "resume with the same config")
     epochs_done, step = training_position(params, path)
     if step != epochs_done * steps_per_epoch:
