@@ -14,7 +14,7 @@ import yaml
 
 from src.errors import UserInputError
 from src.zoo_config import (IGNORED_KEYS, RENAMED_KEYS, check_optimizer_available, ignored_line,
-                            translate_zoo_keys)
+                            refuse_if_active, translate_zoo_keys)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")
@@ -265,10 +265,11 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
         print(format_help(values, path, prog, helps))
         sys.exit(0)
     for key, value in rest:
-        if key not in values and (key in IGNORED_KEYS or key in RENAMED_KEYS):
-            translated, dropped = translate_zoo_keys({key: _zoo_cli_value(key, value)}, schema, "the command line")
-            ignored += [name for name in dropped if name not in ignored]
-            values.update(translated)
+        if key not in values and key in RENAMED_KEYS:
+            key = RENAMED_KEYS[key]
+        if key not in values and key in IGNORED_KEYS:
+            refuse_if_active(key, _zoo_cli_value(key, value), "the command line")
+            ignored += [key] if key not in ignored else []
             continue
         if key not in values:
             raise unknown_key_error(key, values.keys(), "the command line")

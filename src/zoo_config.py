@@ -49,7 +49,8 @@ IGNORED_KEYS: Dict[str, Tuple[Any, str]] = {
 }
 
 
-def _refuse_if_active(key: str, value: Any, where: str) -> None:
+def refuse_if_active(key: str, value: Any, where: str) -> None:
+    """A one-line error when an ignored zoo key holds a value that would change the run."""
     neutral, why = IGNORED_KEYS[key]
     if neutral is None or value == neutral or (neutral is False and value in ("", None)):
         return
@@ -74,7 +75,7 @@ def translate_zoo_keys(values: Dict[str, Any], schema: Sequence[str], where: str
                                      f"keep one ({key} is the model zoo's name for {target})")
             out[target] = value
         elif key in IGNORED_KEYS:
-            _refuse_if_active(key, value, where)
+            refuse_if_active(key, value, where)
             ignored.append(key)
         else:
             out[key] = value  # unknown: the schema check names it and suggests the closest key
