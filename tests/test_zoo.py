@@ -222,6 +222,17 @@ def test_zoo_checkpoint_evaluates_like_the_converted_one(cifar_zoo_run, zoo_file
     assert len(network) == len(converted) == 102  # 62 trainable + 40 BatchNorm statistics
     assert all(np.array_equal(converted[name], value.asnumpy()) for name, value in network.items())
 
+    # as --pre_trained (with a fresh head): the backbone arrives, the log line names the mapping
+    from src.checkpoint import load_pretrained
+    from src.resnet import create_model
+    net, lines = create_model("resnet18", num_classes=10), []
+    skipped = load_pretrained(net, str(zoo_ckpt), head=["fc.weight", "fc.bias"], filter_weight=True,
+                              what="resnet18", log=lines.append)
+    assert skipped == ["fc.weight (10, 512)", "fc.bias (10,)"] and len(lines) == 1 and "mapped 81" in lines[0]
+    loaded = {p.name: p.asnumpy() for p in net.get_parameters()}
+    assert np.array_equal(loaded["layer1.0.bn1.gamma"], ours["layer1.0.bn1.gamma"].asnumpy())
+    assert np.array_equal(loaded["layer4.0.downsample.0.weight"], ours["layer4.0.downsample.0.weight"].asnumpy())
+
     # the zoo README's eval line: --data_path= --checkpoint_file_path= --config_path --device_target=
     result = run([PYTHON, "eval.py", f"--data_path={cifar_dir}", f"--checkpoint_file_path={zoo_ckpt}",
                   "--config_path", str(zoo_files["cifar10"]), "--device_target=CPU"])
