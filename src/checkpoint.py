@@ -137,11 +137,14 @@ def network_params(params: Dict[str, Parameter], path: str) -> Tuple[Dict[str, P
     renamed = sum(zoo_to_ms_name(key) != key for key in network)
     if not renamed and not prefix:
         return mapped, None
+    done = [f"mapped {renamed} model-zoo names (down_sample_layer->downsample, end_point->fc, bn1d/bn2d->bn1/bn2)"
+            ] if renamed else []
+    done += [f"prefix '{prefix}' dropped"] if prefix else []
     dropped = len(params) - len(network)
-    return mapped, (f"checkpoint {path}: mapped {renamed} model-zoo names (down_sample_layer->downsample, "
-                    f"end_point->fc, bn1d/bn2d->bn1/bn2)" + (f", prefix '{prefix}' dropped" if prefix else "")
-                    + (f", {dropped} optimizer entries skipped" if dropped else "")
-                    + "; the zoo's networks pad and normalize slightly differently (README, 'Coming from PyTorch')")
+    done += [f"{dropped} optimizer entries skipped"] if dropped else []
+    caveat = ("; the zoo's networks compute slightly differently (padding, BatchNorm eps: README, 'Coming from "
+              "PyTorch')") if renamed else ""
+    return mapped, f"checkpoint {path}: {', '.join(done)}{caveat}"
 
 
 def _listed(items: Sequence[str]) -> str:

@@ -23,8 +23,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from src.checkpoint import (ZOO_RENAMES, common_prefix, is_training_state, load_into_network,  # noqa: F401
-                            read_checkpoint, repo_name, zoo_to_ms_name)
+# common_prefix and zoo_to_ms_name live with the loader (one name mapping); src.parity imports them from here.
+from src.checkpoint import (common_prefix, is_training_state, load_into_network, read_checkpoint,  # noqa: F401
+                            repo_name, zoo_to_ms_name)
 from src.device import prefer_fast_cpu_convolutions
 from src.errors import OneLineParser, UserInputError, require_module, run_cli
 from src.resnet import ARCHS, create_model
@@ -254,7 +255,7 @@ def read_mindspore_source(path: str) -> Source:
     renamed = 0
     for key in network:
         name = repo_name(key, prefix)
-        renamed += name != key[len(prefix):]
+        renamed += zoo_to_ms_name(key) != key
         source.params[name] = params[key].asnumpy().copy()
         source.origin[name] = key
     source.from_zoo = renamed > 0

@@ -284,6 +284,14 @@ def test_worker_budget_is_the_core_share_per_local_rank():
     assert cap_workers(1) == (1, None)
 
 
+def test_local_ranks_come_from_the_launcher(monkeypatch):
+    from src.distributed import local_rank_count
+    monkeypatch.delenv("LOCAL_WORKER_NUM", raising=False)
+    assert local_rank_count(False, 8) == 1 and local_rank_count(True, 8) == 8
+    monkeypatch.setenv("LOCAL_WORKER_NUM", "4")  # two nodes of 4 ranks
+    assert local_rank_count(True, 8) == 4
+
+
 @pytest.mark.parametrize("script, args, expected", [
     # bash run_standalone_train.sh [DATASET_PATH] [CONFIG_PATH] [RESUME_CKPT]
     ("run_standalone_train.sh", ["/data/cifar", "zoo.yaml", "/ckpt/resnet-90_195.ckpt"],
