@@ -357,11 +357,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--worker", choices=("mindspore", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.worker:  # the measuring processes get checked values; the torch one must not load MindSpore
-        from src.device import available_cores
+        from src.device import available_cores, cap_workers
         from src.resnet import ARCHS
         if args.net not in ARCHS:
             parser.error(f"argument --net: invalid choice: '{args.net}' (choose from {', '.join(ARCHS)})")
         args.threads = args.threads or available_cores()
+        args.workers, note = cap_workers(args.workers)
+        if note:
+            print(note.replace("num_parallel_workers", "--workers"), flush=True)
     return args
 
 

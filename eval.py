@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 from src.checkpoint import load_into_network
 from src.config import load_config
 from src.dataset import create_eval_dataset
-from src.device import init_device
-from src.distributed import init_distributed, launcher_device_id
+from src.device import cap_workers, init_device
+from src.distributed import init_distributed, launcher_device_id, local_rank_count
 from src.errors import UserInputError, run_cli
 from src.metrics import evaluate
 from src.resnet import create_model
@@ -24,10 +24,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="eval.py")
     if not cfg.checkpoint_file_path:
         raise UserInputError("no checkpoint given; pass --checkpoint_file_path path/to/model.ckpt")
+    local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
     init_device(cfg.device_target, mode_name=cfg.mode_name,
                 device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
-                processes_per_node=cfg.device_num if cfg.run_distribute else 1)
+                processes_per_node=local_ranks)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
+    cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
+    for note in cfg.notes + ([workers_note] if workers_note else []):
+        print(note, flush=True)
     dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size)
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
     load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}")

@@ -3,8 +3,10 @@
     python export.py --config_path CONFIG --checkpoint_file_path CKPT [--file_name NAME]
         [--file_format MINDIR|ONNX|AIR] [--batch_size N] [--width W --height H] [--verify]
 
-The network is the config's net_name/class_num in inference mode; the input is float32
-(batch, 3, height, width), normalized as in evaluation; height/width default to eval_image_size.
+The checkpoint may be this repository's or a model-zoo ResNet checkpoint (its names are mapped,
+one log line says so); the zoo's `--ckpt_file` names it too. The network is the config's
+net_name/class_num in inference mode; the input is float32 (batch, 3, height, width),
+normalized as in evaluation; height/width default to eval_image_size.
 The file NAME.mindir|.onnx|.air (default NAME: net_name) is written atomically.
 
 Batch dimension: MINDIR files have a dynamic batch (any size at run time) unless
@@ -95,6 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "-h" in args or "--help" in args:
         print(__doc__)
     cfg = load_config(args, prog="export.py")
+    for note in cfg.notes:
+        print(note, flush=True)
     if not cfg.checkpoint_file_path:
         raise UserInputError("no checkpoint given; pass --checkpoint_file_path path/to/model.ckpt")
     file_format = check_format(cfg)

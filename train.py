@@ -16,13 +16,13 @@ from mindspore.train import Model
 
 from src.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
                            TrainMonitor)
-from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches,
+from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches, network_params,
                             raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
 from src.config import Config, load_config, run_dir, save_config
 from src.dataset import Augmentation, create_dataset, create_eval_dataset, set_start_epoch
-from src.device import init_device
+from src.device import cap_workers, init_device
 from src.distributed import (check_fusion_points, fusion_split_points, init_distributed, launcher_device_id,
-                             set_data_parallel)
+                             local_rank_count, set_data_parallel)
 from src.errors import UserInputError, run_cli
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
@@ -30,6 +30,8 @@ from src.optimizer import create_optimizer
 from src.precision import create_loss_scale_manager, optimizer_loss_scale, resolve_amp_level
 from src.resnet import create_model
 from src.run_record import RunRecord
+
+BOOST_MODES = ("O0", "O1", "O2")
 
 
 def seed_everything(seed: int) -> None:
@@ -64,16 +66,16 @@ def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
         gamma=cfg.lr_decay_factor, power=cfg.lr_poly_power)
 
 
-def create_network(cfg: Config):
+def create_network(cfg: Config, log=print):
     net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
                        dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual,
                        freeze_bn=cfg.freeze_bn)
     if cfg.pre_trained:
         skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
                                   filter_weight=cfg.filter_weight,
-                                  what=f"{cfg.net_name} with class_num {cfg.class_num}")
-        print(f"loaded pre-trained weights from {cfg.pre_trained}"
-              + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""), flush=True)
+                                  what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
+        log(f"loaded pre-trained weights from {cfg.pre_trained}"
+            + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""))
     return net
 
 
@@ -104,6 +106,9 @@ def check_fresh_run_folder(folder: str, net_name: str) -> None:
 def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_size: int) -> int:
     """Restore the whole training state from `path`; returns the number of epochs already done."""
     params = read_checkpoint(path)
+    if network_params(params, path)[1]:
+        raise UserInputError(f"checkpoint {path} has the model zoo's names: its optimizer state cannot be resumed "
+                             f"here; start from its weights with --pre_trained {path}")
     raise_if_mismatched(network_mismatches(net, params), path, "this network", "resume with the same config")
     epochs_done, step = training_position(params, path)
     if step != epochs_done * steps_per_epoch:
@@ -132,7 +137,15 @@ def create_train_model(cfg: Config, net, lrs: np.ndarray) -> Model:
     optimizer = create_optimizer(net, name=cfg.optimizer, learning_rate=lrs, weight_decay=cfg.weight_decay,
                                  momentum=cfg.momentum,
                                  loss_scale=optimizer_loss_scale(loss_scale_manager, cfg.loss_scale))
-    return Model(net, loss_fn=loss, optimizer=optimizer, amp_level=amp_level, loss_scale_manager=loss_scale_manager)
+    return Model(net, loss_fn=loss, optimizer=optimizer, amp_level=amp_level, loss_scale_manager=loss_scale_manager,
+                 boost_level=check_boost_mode(cfg.boost_mode))
+
+
+def check_boost_mode(boost_mode: str) -> str:
+    """The model zoo's `boost_mode`: MindSpore's boost level for Model (O0: off)."""
+    if boost_mode not in BOOST_MODES:
+        raise UserInputError(f"unknown boost_mode '{boost_mode}'; choose one of {', '.join(BOOST_MODES)}")
+    return boost_mode
 
 
 def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: int, steps_per_epoch: int,
@@ -163,15 +176,19 @@ def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: in
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="train.py")
+    local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
     init_device(cfg.device_target, mode_name=cfg.mode_name,
                 device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
-                processes_per_node=cfg.device_num if cfg.run_distribute else 1)
+                processes_per_node=local_ranks)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     seed_everything(cfg.seed)
     folder = run_dir(cfg)
     log = print if rank == 0 else (lambda message: print(f"[rank {rank}] {message}", flush=True))
+    cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
+    for note in cfg.notes + ([workers_note] if workers_note else []):
+        log(note)
 
-    net = create_network(cfg)
+    net = create_network(cfg, log)
     if group_size > 1:
         set_data_parallel(group_size, fusion_points(cfg, net))
     dataset = create_train_dataset(cfg, rank, group_size)

@@ -29,3 +29,22 @@ run_logged() {
     wait "$out_pid" "$err_pid"   # a bare wait covers only the last tee; the log must be complete on return
     return $status
 }
+
+# Print a command as a shell would re-read it (for --dry_run).
+show() { printf '%q ' "$@" | sed 's/ $//'; echo; }
+
+# The model zoo's optional arguments after CONFIG_PATH, as its README gives them:
+# [RESUME_CKPT] | [RUN_EVAL EVAL_DATASET_PATH] | [RUN_EVAL EVAL_DATASET_PATH RESUME_CKPT].
+# Reads the leading non-option arguments; sets ZOO_ARGS (config overrides) and ZOO_COUNT (how many to shift).
+zoo_trailing_args() {
+    local -a given=()
+    while [[ $# -gt 0 && ${1:0:2} != -- ]]; do given+=("$1"); shift; done
+    ZOO_COUNT=${#given[@]}
+    case $ZOO_COUNT in
+        0) ZOO_ARGS=() ;;
+        1) ZOO_ARGS=(--resume_ckpt "${given[0]}") ;;
+        2) ZOO_ARGS=(--run_eval "${given[0]}" --eval_dataset_path "${given[1]}") ;;
+        3) ZOO_ARGS=(--run_eval "${given[0]}" --eval_dataset_path "${given[1]}" --resume_ckpt "${given[2]}") ;;
+        *) die "too many arguments after CONFIG_PATH (${given[*]}); expected [RESUME_CKPT] or [RUN_EVAL EVAL_DATASET_PATH [RESUME_CKPT]]" ;;
+    esac
+}

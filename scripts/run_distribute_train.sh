@@ -2,11 +2,14 @@
 # Data-parallel training: msrun (default) or a rank table, one log per rank, rank 0 on the console.
 usage() {
     cat <<USAGE
-usage: bash scripts/run_distribute_train.sh [RANK_TABLE_FILE] DATASET_PATH CONFIG_PATH [OPTIONS] [--KEY VALUE ...]
+usage: bash scripts/run_distribute_train.sh [RANK_TABLE_FILE] DATASET_PATH CONFIG_PATH [RESUME_CKPT] [OPTIONS] [--KEY VALUE ...]
+       bash scripts/run_distribute_train.sh [RANK_TABLE_FILE] DATASET_PATH CONFIG_PATH RUN_EVAL EVAL_DATASET_PATH [RESUME_CKPT] ...
 
   RANK_TABLE_FILE   optional .json rank table (older Ascend set-ups); without it msrun launches the ranks
   DATASET_PATH      CIFAR-10 binary folder or a folder of class folders
-  CONFIG_PATH       a yaml file from config/
+  CONFIG_PATH       a yaml file from config/, or one of the model zoo's config files
+  RESUME_CKPT       optional: continue from this train.py checkpoint (--resume_ckpt)
+  RUN_EVAL EVAL_DATASET_PATH  optional: evaluate during training on this data (the model zoo's form)
 
 Options:
   --workers N        ranks in the whole job (default 8)
@@ -29,6 +32,7 @@ RANK_TABLE=""
 if [[ ${1:-} == *.json ]]; then RANK_TABLE=$1; shift; fi
 [[ $# -ge 2 && ${1:0:2} != -- && ${2:0:2} != -- ]] || { usage >&2; die "DATASET_PATH and CONFIG_PATH are required"; }
 DATASET_PATH=$1; CONFIG_PATH=$2; shift 2
+zoo_trailing_args "$@"; shift "$ZOO_COUNT"
 WORKERS=8; LOCAL_WORKERS=""; DEVICE_TARGET=Ascend; MASTER_ADDR=127.0.0.1; MASTER_PORT=8118; NODE_RANK=0; DRY_RUN=0
 OVERRIDES=()
 needs_value() { [[ $# -ge 2 ]] || die "$1 needs a value; see $(basename "$0") --help"; }
@@ -66,7 +70,7 @@ count_devices() {
 }
 
 TRAIN_ARGS=(--config_path "$CONFIG_PATH" --data_path "$DATASET_PATH" --device_target "$DEVICE_TARGET"
-            --run_distribute True --device_num "$WORKERS" "${OVERRIDES[@]}")
+            --run_distribute True --device_num "$WORKERS" "${ZOO_ARGS[@]}" "${OVERRIDES[@]}")
 if [[ $DRY_RUN -eq 1 ]]; then
     RUN_DIR=$("$PY" -m src.config --run_dir "${TRAIN_ARGS[@]}" 2>/dev/null) || RUN_DIR="<run folder>"
 else
@@ -78,8 +82,6 @@ else
 fi
 LOG_DIR="$RUN_DIR/logs/$(date +%Y%m%d_%H%M%S)"   # a folder per launch: a resumed run keeps the old logs
 
-show() { printf '%q ' "$@" | sed 's/ $//'; echo; }
-
 if [[ -z $RANK_TABLE ]]; then
     COMMAND=(msrun --worker_num="$WORKERS" --local_worker_num="$LOCAL_WORKERS" --master_addr="$MASTER_ADDR"
              --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True
@@ -87,6 +89,7 @@ if [[ -z $RANK_TABLE ]]; then
     if [[ $DRY_RUN -eq 1 ]]; then show "${COMMAND[@]}"; exit 0; fi
     mkdir -p "$LOG_DIR"
     export PATH="$ROOT/.venv/bin:$PATH"   # msrun starts `python` from PATH
+    export LOCAL_WORKER_NUM=$LOCAL_WORKERS   # each rank's share of this node's cores (src/distributed.py)
     FIRST_LOG="$LOG_DIR/worker_$((NODE_RANK * LOCAL_WORKERS)).log"
     "${COMMAND[@]}" > "$LOG_DIR/msrun.log" 2>&1 &
     LAUNCHER=$!
@@ -102,6 +105,7 @@ else
     mkdir -p "$LOG_DIR"
     FIRST_LOG="$LOG_DIR/rank_$FIRST_RANK.log"
     PIDS=()
+    export LOCAL_WORKER_NUM=$LOCAL_WORKERS
     for ((i = 0; i < LOCAL_WORKERS; i++)); do
         RANK_TABLE_FILE=$RANK_TABLE RANK_SIZE=$WORKERS RANK_ID=$((FIRST_RANK + i)) DEVICE_ID=$i \
             "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}" > "$LOG_DIR/rank_$((FIRST_RANK + i)).log" 2>&1 &

@@ -4,7 +4,7 @@ import contextlib
 import logging
 import os
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 from mindspore import Parameter, nn
@@ -16,6 +16,8 @@ OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", 
 STATE_SCALARS = {"global_step", "learning_rate", "momentum", "beta1_power", "beta2_power",
                  "scale_sense", "current_iterator_step", "last_overflow_iterator_step",
                  "epoch_num", "step_num", "top_1_accuracy"}
+# The model zoo's names for the same modules (ResNet in mindspore-ai/models, official/cv/ResNet).
+ZOO_RENAMES = {"down_sample_layer": "downsample", "end_point": "fc", "bn1d": "bn1", "bn2d": "bn2"}
 CHECKPOINT_NAME = re.compile(r"^(?P<net>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 BEST_NAME = "best.ckpt"
 MAX_LISTED = 8
@@ -101,6 +103,50 @@ def network_part(params: Dict[str, Parameter]) -> Dict[str, Parameter]:
     return {name: value for name, value in params.items() if not is_training_state(name)}
 
 
+def zoo_to_ms_name(name: str) -> str:
+    """Model-zoo parameter name -> this repo's (identity for names that already are this repo's)."""
+    return ".".join(ZOO_RENAMES.get(part, part) for part in name.split("."))
+
+
+def common_prefix(keys: Iterable[str]) -> str:
+    """The wrapper prefix in front of the network's names ('module.', '_orig_mod.', 'network.'...).
+
+    Found from the stem convolution `<prefix>conv1.weight` (the one not inside a layer)."""
+    for key in keys:
+        if key.endswith("conv1.weight") and "layer" not in key:
+            prefix = key[: -len("conv1.weight")]
+            if prefix == "" or prefix.endswith("."):
+                return prefix
+    return ""
+
+
+def repo_name(key: str, prefix: str) -> str:
+    """A checkpoint key under this repo's name: `prefix` dropped, model-zoo module names renamed."""
+    return zoo_to_ms_name(key[len(prefix):] if prefix and key.startswith(prefix) else key)
+
+
+def network_params(params: Dict[str, Parameter], path: str) -> Tuple[Dict[str, Parameter], Optional[str]]:
+    """A checkpoint's network tensors under this repo's names, so model-zoo checkpoints load as they
+    are; with a one-line note when names were mapped (None when the file already uses ours)."""
+    network = network_part(params)
+    prefix = common_prefix(network)
+    mapped = {}
+    for key, value in network.items():
+        name = repo_name(key, prefix)
+        mapped[name] = value if name == key else Parameter(value.asnumpy(), name=name)
+    renamed = sum(zoo_to_ms_name(key) != key for key in network)
+    if not renamed and not prefix:
+        return mapped, None
+    done = [f"mapped {renamed} model-zoo names (down_sample_layer->downsample, end_point->fc, bn1d/bn2d->bn1/bn2)"
+            ] if renamed else []
+    done += [f"prefix '{prefix}' dropped"] if prefix else []
+    dropped = len(params) - len(network)
+    done += [f"{dropped} optimizer entries skipped"] if dropped else []
+    caveat = ("; the zoo's networks compute slightly differently (padding, BatchNorm eps: README, 'Coming from "
+              "PyTorch')") if renamed else ""
+    return mapped, f"checkpoint {path}: {', '.join(done)}{caveat}"
+
+
 def _listed(items: Sequence[str]) -> str:
     shown = ", ".join(items[:MAX_LISTED])
     return shown + (f", ... (+{len(items) - MAX_LISTED})" if len(items) > MAX_LISTED else "")
@@ -124,19 +170,23 @@ def raise_if_mismatched(problems: Dict[str, List[str]], path: str, what: str, hi
         raise UserInputError(f"checkpoint {path} does not fit {what}: {'; '.join(parts)}; {hint}")
 
 
-def load_into_network(net: nn.Cell, path: str, what: str = "the network") -> Dict[str, Parameter]:
-    """Load every network parameter from `path`; any mismatch is one error line listing names."""
-    params = read_checkpoint(path)
+def load_into_network(net: nn.Cell, path: str, what: str = "the network",
+                      log: Callable[[str], None] = print) -> Dict[str, Parameter]:
+    """Load every network parameter from `path` (this repo's or the model zoo's names); any mismatch
+    is one error line listing names. Returns the network tensors under this repo's names."""
+    params, note = network_params(read_checkpoint(path), path)
     raise_if_mismatched(network_mismatches(net, params), path, what, "check net_name and class_num")
-    ms.load_param_into_net(net, network_part(params), strict_load=True)
+    ms.load_param_into_net(net, params, strict_load=True)
+    if note:
+        log(note)
     return params
 
 
 def load_pretrained(net: nn.Cell, path: str, *, head: Sequence[str], filter_weight: bool,
-                    what: str) -> List[str]:
-    """Load a pre-trained backbone. With `filter_weight`, the head (`head` names) is skipped and
-    keeps its fresh initialization. Returns the skipped descriptions."""
-    params = network_part(read_checkpoint(path))
+                    what: str, log: Callable[[str], None] = print) -> List[str]:
+    """Load a pre-trained backbone (this repo's or the model zoo's names). With `filter_weight`, the
+    head (`head` names) is skipped and keeps its fresh initialization. Returns the skipped descriptions."""
+    params, note = network_params(read_checkpoint(path), path)
     skipped = []
     if filter_weight:
         skipped = [f"{name} {tuple(params[name].shape)}" for name in head if name in params]
@@ -148,6 +198,8 @@ def load_pretrained(net: nn.Cell, path: str, *, head: Sequence[str], filter_weig
         "for a different class_num pass --filter_weight True to drop the classifier head"
     raise_if_mismatched(problems, path, what, hint)
     ms.load_param_into_net(net, params, strict_load=False)
+    if note:
+        log(note)
     return skipped
 
 

@@ -13,6 +13,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from src.errors import UserInputError
+from src.zoo_config import (IGNORED_KEYS, RENAMED_KEYS, check_optimizer_available, ignored_line,
+                            refuse_if_active, translate_zoo_keys)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")
@@ -33,9 +35,10 @@ _FALSE = {"false", "no", "off", "0"}
 class Config:
     """Attribute access over the resolved key/value pairs; a missing key is a clear error."""
 
-    def __init__(self, values: Dict[str, Any], source: str = "<dict>"):
+    def __init__(self, values: Dict[str, Any], source: str = "<dict>", notes: Sequence[str] = ()):
         self.__dict__["_values"] = dict(values)
         self.__dict__["_source"] = source
+        self.__dict__["_notes"] = list(notes)
 
     def __getattr__(self, key: str) -> Any:
         if key.startswith("__") and key.endswith("__"):  # copy/pickle protocol, not config keys
@@ -61,6 +64,12 @@ class Config:
     @property
     def source(self) -> str:
         return self.__dict__["_source"]
+
+    @property
+    def notes(self) -> List[str]:
+        """Lines for the run's log about how the config was read (e.g. model-zoo keys ignored);
+        loading prints nothing itself, so `python -m src.config --run_dir` stays one line."""
+        return list(self.__dict__["_notes"])
 
 
 def parse_bool(text: str, key: str) -> bool:
@@ -124,20 +133,33 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789."))
 
 
-def read_yaml(path: str) -> Dict[str, Any]:
-    """Read a yaml mapping; a missing or malformed file is a clear error."""
+def read_yaml_documents(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Read a config file: its first yaml document is the values; a second one, as in the model
+    zoo's files, maps keys to help texts. A missing or malformed file is a clear error."""
     if not os.path.isfile(path):
         raise UserInputError(f"config file not found: {path} (pass --config_path config/<name>.yaml)")
     try:
         with open(path, encoding="utf-8") as handle:
-            values = yaml.load(handle, Loader=_Loader)
+            documents = list(yaml.load_all(handle, Loader=_Loader))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
         raise UserInputError(f"config file {path} is not valid yaml{line}; fix its syntax") from None
+    values = documents[0] if documents else None
     if not isinstance(values, dict):
         raise UserInputError(f"config file {path} must be a mapping of key: value")
-    return values
+    if len(documents) > 2:
+        raise UserInputError(f"config file {path} has {len(documents)} yaml documents; expected the values "
+                             f"and at most one of help texts")
+    helps = documents[1] if len(documents) == 2 else {}
+    if not isinstance(helps, dict):
+        raise UserInputError(f"config file {path}: its second yaml document must map keys to help texts")
+    return values, {str(key): str(text) for key, text in helps.items()}
+
+
+def read_yaml(path: str) -> Dict[str, Any]:
+    """Read a config file's values (its first yaml document)."""
+    return read_yaml_documents(path)[0]
 
 
 def _type_name(value: Any) -> str:
@@ -205,20 +227,26 @@ def unknown_key_error(key: str, known: Sequence[str], where: str) -> UserInputEr
     return UserInputError(f"unknown config key '{key}' in {where}{hint}")
 
 
-def format_help(values: Dict[str, Any], path: str, prog: str) -> str:
-    """A --help text listing every key with its type and value from the file."""
+def format_help(values: Dict[str, Any], path: str, prog: str, helps: Optional[Dict[str, str]] = None) -> str:
+    """A --help text listing every key with its type and value from the file, and the file's help
+    text for the key where it has one (the model zoo's second yaml document)."""
+    helps = helps or {}
     lines = [f"usage: {prog} [--config_path FILE] [--KEY VALUE ...]",
              "", f"Keys and defaults from {path} (override any with --KEY VALUE):"]
     for key, value in values.items():
         kind = "any" if value is None else type(value).__name__
-        lines.append(f"  --{key:<28} {kind:<6} {value!r}")
+        line = f"  --{key:<28} {kind:<6} {value!r}"
+        lines.append(f"{line:<60} {helps[key]}" if key in helps else line)
     return "\n".join(lines)
 
 
 def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAULT_CONFIG,
                 prog: str = "train.py", reference_path: Optional[str] = REFERENCE_CONFIG) -> Config:
     """Load `--config_path` (or `default_path`), check it against `reference_path` (None: the file
-    is its own schema), and apply `--key value` overrides from argv."""
+    is its own schema), and apply `--key value` overrides from argv.
+
+    Model-zoo config files and command lines work as they are: their keys are translated
+    (src/zoo_config.py); the keys with no effect here are named in `Config.notes`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pairs = split_overrides([a for a in argv if a not in ("-h", "--help")])
     path = default_path
@@ -230,11 +258,20 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
             path = value
         else:
             rest.append((key, value))
-    values = check_against_reference(read_yaml(path), path, reference_path)
+    file_values, helps = read_yaml_documents(path)
+    schema = list((file_values if reference_path is None else read_yaml(reference_path)).keys()) + ["config_path"]
+    file_values, ignored = translate_zoo_keys(file_values, schema, f"config file {path}")
+    values = check_against_reference(file_values, path, reference_path)
     if "-h" in argv or "--help" in argv:
-        print(format_help(values, path, prog))
+        print(format_help(values, path, prog, helps))
         sys.exit(0)
     for key, value in rest:
+        if key not in values and key in RENAMED_KEYS:
+            key = RENAMED_KEYS[key]
+        if key not in values and key in IGNORED_KEYS:
+            refuse_if_active(key, _zoo_cli_value(key, value), "the command line")
+            ignored += [key] if key not in ignored else []
+            continue
         if key not in values:
             raise unknown_key_error(key, values.keys(), "the command line")
         reference = values[key]
@@ -245,8 +282,17 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
         else:
             values[key] = coerce_value(key, value, reference)
     check_ranges(values, f"{path} and the command line")
+    check_optimizer_available(values.get("optimizer", ""), schema)
     values["config_path"] = path
-    return Config(values, source=path)
+    notes = [line for line in [ignored_line(ignored, path)] if line]
+    return Config(values, source=path, notes=notes)
+
+
+def _zoo_cli_value(key: str, text: Optional[str]) -> Any:
+    """A zoo key's command-line value, read as yaml ('True' -> True) so its check sees a value."""
+    if text is None:
+        return True
+    return _safe_yaml(key, text)
 
 
 def run_dir(cfg: Config) -> str:

@@ -23,7 +23,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from src.checkpoint import is_training_state, load_into_network, read_checkpoint
+# common_prefix and zoo_to_ms_name live with the loader (one name mapping); src.parity imports them from here.
+from src.checkpoint import (common_prefix, is_training_state, load_into_network, read_checkpoint,  # noqa: F401
+                            repo_name, zoo_to_ms_name)
 from src.device import prefer_fast_cpu_convolutions
 from src.errors import OneLineParser, UserInputError, require_module, run_cli
 from src.resnet import ARCHS, create_model
@@ -41,8 +43,6 @@ TORCH_BN_ORDER = ("weight", "bias", "running_mean", "running_var", "num_batches_
 _BN_MODULE = re.compile(r"(?:^|\.)(?:bn\d+|downsample\.1)$")
 # Where a training checkpoint keeps the model's state dict.
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
-# The model zoo's names for the same modules (ResNet in mindspore-ai/models, official/cv/ResNet).
-ZOO_RENAMES = {"down_sample_layer": "downsample", "end_point": "fc", "bn1d": "bn1", "bn2d": "bn2"}
 # Keys of networks this repo does not build (the zoo's SE-ResNet50).
 _SE_RESNET = re.compile(r"(?:^|\.)(?:conv1_0|se_dense_\d|e2)\.")
 STAGES = ("layer1", "layer2", "layer3", "layer4")
@@ -77,23 +77,6 @@ def ms_to_torch_name(name: str) -> str:
     """This repo's parameter name -> torchvision key (gamma/beta/moving_* exist only in BatchNorm)."""
     module, field = split_key(name)
     return f"{module}.{BN_MS_TO_TORCH[field]}" if field in BN_MS_TO_TORCH else name
-
-
-def zoo_to_ms_name(name: str) -> str:
-    """Model-zoo parameter name -> this repo's (identity for names that already are this repo's)."""
-    return ".".join(ZOO_RENAMES.get(part, part) for part in name.split("."))
-
-
-def common_prefix(keys: Iterable[str]) -> str:
-    """The wrapper prefix in front of the network's names ('module.', '_orig_mod.', 'network.'...).
-
-    Found from the stem convolution `<prefix>conv1.weight` (the one not inside a layer)."""
-    for key in keys:
-        if key.endswith("conv1.weight") and "layer" not in key:
-            prefix = key[: -len("conv1.weight")]
-            if prefix == "" or prefix.endswith("."):
-                return prefix
-    return ""
 
 
 def torch_state_dict_order(ms_names: Sequence[str]) -> List[str]:
@@ -271,9 +254,8 @@ def read_mindspore_source(path: str) -> Source:
     prefix = common_prefix(network)
     renamed = 0
     for key in network:
-        bare = key[len(prefix):] if prefix and key.startswith(prefix) else key
-        name = zoo_to_ms_name(bare)
-        renamed += name != bare
+        name = repo_name(key, prefix)
+        renamed += zoo_to_ms_name(key) != key
         source.params[name] = params[key].asnumpy().copy()
         source.origin[name] = key
     source.from_zoo = renamed > 0

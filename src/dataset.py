@@ -22,6 +22,7 @@ import mindspore.dataset.vision as vision
 
 from src.auto_augment import create_policy, interpolation_mode
 from src.batch_mixing import check_mixing, mix_batch
+from src.device import worker_budget
 from src.errors import UserInputError
 from src.random_erasing import erase, erase_box
 
@@ -398,6 +399,7 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     if augmentation.mixes and class_num is None:
         raise UserInputError("mixup/cutmix need class_num for their soft targets; set --class_num")
     source = create_source(dataset, data_path, training)
+    num_parallel_workers = worker_budget(num_parallel_workers)  # entry points cap (and log) per rank first
     if class_num is not None and source.labels.max() >= class_num:
         raise UserInputError(f"{data_path} has label {int(source.labels.max())} but class_num is "
                              f"{class_num}; set --class_num to the number of classes")

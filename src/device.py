@@ -1,6 +1,6 @@
 """Device and execution-mode set-up, called once by an entry point before any MindSpore op."""
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import mindspore as ms
 
@@ -25,6 +25,21 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def worker_budget(requested: int, local_ranks: int = 1) -> int:
+    """Data-pipeline workers one process may start: its share of the cores (cores / processes on
+    this node, at least 1). MindSpore refuses more workers than cores with a traceback."""
+    return max(1, min(requested, available_cores() // max(1, local_ranks)))
+
+
+def cap_workers(requested: int, local_ranks: int = 1) -> Tuple[int, Optional[str]]:
+    """`worker_budget`, and the log line saying so when it lowered `requested` (else None)."""
+    workers = worker_budget(requested, local_ranks)
+    if workers == requested:
+        return workers, None
+    share = f"{available_cores()} cores" + (f" / {local_ranks} ranks on this node" if local_ranks > 1 else "")
+    return workers, f"num_parallel_workers {requested} capped to {workers} ({share})"
 
 
 def init_device(device_target: str, *, device_id: Optional[int] = 0, mode_name: str = "GRAPH",

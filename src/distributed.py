@@ -26,6 +26,15 @@ def launcher_device_id(configured: int) -> Optional[int]:
     return configured
 
 
+def local_rank_count(run_distribute: bool, device_num: int) -> int:
+    """Ranks sharing this node: our launcher exports LOCAL_WORKER_NUM (msrun's --local_worker_num);
+    otherwise all `device_num` ranks are taken to be local."""
+    if not run_distribute:
+        return 1
+    local = os.environ.get("LOCAL_WORKER_NUM", "")
+    return int(local) if local.isdigit() and int(local) > 0 else device_num
+
+
 def init_distributed(run_distribute: bool, device_num: int) -> Tuple[int, int]:
     """Initialize communication when `run_distribute`; returns (rank, group size)."""
     if not run_distribute:

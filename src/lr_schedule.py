@@ -28,8 +28,17 @@ def _poly(lr_max: float, lr_end: float, progress: float, power: float = 2.0) -> 
     return lr_end + (lr_max - lr_end) * (1.0 - progress) ** power
 
 
+def _zoo_step(lr_max: float, lr_end: float, progress: float) -> float:
+    """The model zoo's 'step' rule (resnet152 ImageNet): lr_max, then x0.1 at 20%, x0.01 at 50%,
+    x0.001 at 70% of the steps, and the floor lr_end from 90% on (the zoo fixes that floor at 5e-5)."""
+    for edge, factor in ((0.2, 1.0), (0.5, 0.1), (0.7, 0.01), (0.9, 0.001)):
+        if progress < edge:
+            return lr_max * factor
+    return lr_end
+
+
 DECAYS: Dict[str, Callable[..., float]] = {
-    "constant": _constant, "linear": _linear, "cosine": _cosine, "poly": _poly,
+    "constant": _constant, "linear": _linear, "cosine": _cosine, "poly": _poly, "step": _zoo_step,
 }
 LR_DECAY_MODES = tuple(DECAYS) + ("steps",)
 
@@ -45,7 +54,7 @@ def create_lr_schedule(mode: str, *, lr_init: float, lr_max: float, lr_end: floa
                        power: float = 2.0) -> np.ndarray:
     """Per-step learning rates for steps [start_step, total_steps).
 
-    mode: constant | linear | cosine | poly | steps. `milestones` (in steps) and `gamma` drive
+    mode: constant | linear | cosine | poly | steps | step (the model zoo's four fixed steps). `milestones` (in steps) and `gamma` drive
     'steps': lr_max * gamma ** (number of milestones <= step). `power` drives 'poly'.
     """
     if mode not in LR_DECAY_MODES:

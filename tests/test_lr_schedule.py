@@ -23,6 +23,8 @@ EXPECTED = {
     "poly": WARMUP + [0.1, 0.065, 0.04, 0.025],
     # lr_max * 0.1 ** (milestones <= step), milestones [3, 5]
     "steps": WARMUP + [0.1, 0.01, 0.01, 0.001],
+    # the model zoo's 'step': lr_max below p 0.2, x0.1 below 0.5, x0.01 below 0.7, x0.001 below 0.9
+    "step": WARMUP + [0.1, 0.01, 0.001, 0.0001],
 }
 EXTRA = {"steps": dict(milestones=[3, 5], gamma=0.1), "poly": dict(power=2.0)}
 
@@ -62,6 +64,13 @@ def test_all_warmup():
     # 0.02 + 0.08 * step / 4
     lrs = create_lr_schedule("cosine", lr_init=0.02, lr_max=0.1, lr_end=0.0, total_steps=4, warmup_steps=4)
     np.testing.assert_allclose(lrs, np.array([0.02, 0.04, 0.06, 0.08], np.float32), rtol=1e-6)
+
+
+def test_zoo_step_ends_at_lr_end():
+    # 10 steps, no warmup, p = k/10: 0.1 x2, 0.01 x3, 0.001 x2, 0.0001 x2, then lr_end 0.00005
+    lrs = create_lr_schedule("step", lr_init=0.0, lr_max=0.1, lr_end=0.00005, total_steps=10)
+    expected = [0.1] * 2 + [0.01] * 3 + [0.001] * 2 + [0.0001] * 2 + [0.00005]
+    np.testing.assert_allclose(lrs, np.array(expected, np.float32), rtol=1e-6)
 
 
 def test_steps_counts_milestones_inside_warmup_after_it():
