@@ -18,6 +18,7 @@ from PIL import Image
 import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
 
+from src.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
 from src.errors import UserInputError
 
 DATASETS = ("cifar10", "imagenet2012")
@@ -166,33 +167,58 @@ def folder_eval_transform(image: Image.Image, size: int) -> np.ndarray:
 
 
 class AugmentedSource:
-    """Random-access source over keys `epoch * N + index`; augmentation seeded by (seed, key)."""
+    """Random-access source over keys `epoch * N + index`; augmentation seeded by (seed, key).
 
-    def __init__(self, source, transform: Callable, augment: bool, seed: int):
+    With a `bad_samples` log, an unreadable sample (failing at open or at decode) is recorded and
+    replaced by the next readable index, augmented as the key says: the replacement depends on the
+    key alone, so resume stays exact. Without one, it is an error naming the file."""
+
+    def __init__(self, source, transform: Callable, augment: bool, seed: int,
+                 bad_samples: Optional[BadSampleLog] = None):
         self.source = source
         self.transform = transform
         self.augment = augment
         self.seed = seed
+        self.bad_samples = bad_samples
+        self.known_bad = set()
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, key: int):
-        key = int(key)
-        index = key % len(self.source)
+    def _sample(self, key: int, index: int):
         rng = np.random.default_rng([self.seed, key]) if self.augment else None
         image = self.transform(self.source.load(index), rng)
         return np.ascontiguousarray(image), self.source.labels[index]
+
+    def __getitem__(self, key: int):
+        key = int(key)
+        total = len(self.source)
+        first = key % total
+        for index in (i % total for i in range(first, first + total)):
+            if index in self.known_bad:
+                continue
+            try:
+                return self._sample(key, index)
+            except UNREADABLE_ERRORS as err:
+                if self.bad_samples is None:
+                    raise UserInputError(f"cannot read {sample_name(self.source, index)} ({reason_of(err)}); "
+                                         f"remove or replace the file") from None
+                self.known_bad.add(index)
+                self.bad_samples.add(key // total, index, sample_name(self.source, index), reason_of(err))
+        raise UserInputError("no readable sample in the dataset; check the image files")
 
 
 class EpochSampler(ds.Sampler):
     """Yields keys `epoch * N + index` for this shard; each call to iter() is the next epoch.
 
     Training: the epoch's permutation (seeded by seed and epoch), cut into equal shards.
-    Evaluation: every sample exactly once across shards, in order."""
+    Evaluation: every sample exactly once across shards, in order.
+    `skip` leaves out the first samples of each epoch: a one-epoch dataset with it is the rest
+    of an epoch interrupted after `skip` samples (MindSpore needs every epoch of a dataset to have
+    the same length, so a mid-epoch resume trains that rest as a dataset of its own)."""
 
     def __init__(self, num_samples: int, *, training: bool, shuffle: bool, num_shards: int,
-                 shard_id: int, seed: int, start_epoch: int = 0):
+                 shard_id: int, seed: int, start_epoch: int = 0, skip: int = 0):
         self.total = num_samples
         self.training = training
         self.shuffle = shuffle
@@ -200,6 +226,7 @@ class EpochSampler(ds.Sampler):
         self.shard_id = shard_id
         self.seed = seed
         self.epoch = start_epoch
+        self.skip = skip
         super().__init__()  # reads len(self)
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
@@ -213,13 +240,13 @@ class EpochSampler(ds.Sampler):
     def __iter__(self):
         epoch = self.epoch
         self.epoch += 1
-        for index in self.epoch_indices(epoch):
+        for index in self.epoch_indices(epoch)[self.skip:]:
             yield int(epoch * self.total + index)
 
     def __len__(self) -> int:
         if self.training:
-            return self.total // self.num_shards
-        return len(range(self.shard_id, self.total, self.num_shards))
+            return self.total // self.num_shards - self.skip
+        return len(range(self.shard_id, self.total, self.num_shards)) - self.skip
 
 
 def _transforms(dataset: str, image_size: int):
@@ -280,11 +307,16 @@ def create_source(dataset: str, data_path: str, training: bool):
 def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: int, image_size: int,
                    class_num: Optional[int] = None, num_parallel_workers: int = 2, num_shards: int = 1,
                    shard_id: int = 0, seed: int = 1, start_epoch: int = 0,
-                   shuffle: Optional[bool] = None, augment: Optional[bool] = None) -> ds.Dataset:
+                   shuffle: Optional[bool] = None, augment: Optional[bool] = None,
+                   bad_sample_file: Optional[str] = None, max_bad_samples: int = -1,
+                   skip_samples: int = 0) -> ds.Dataset:
     """A batched dataset of (image float32 CHW normalized, label int32).
 
     Training drops the last partial batch; evaluation keeps every sample exactly once.
-    `shuffle` and `augment` default to `training`."""
+    `shuffle` and `augment` default to `training`. With `bad_sample_file`, unreadable samples are
+    recorded there and replaced, up to `max_bad_samples` distinct files (-1: 0.1% of the dataset);
+    the log is `data.bad_samples`. `skip_samples` leaves out the first samples of every epoch
+    (for the rest of an interrupted epoch; see EpochSampler)."""
     source = create_source(dataset, data_path, training)
     if class_num is not None and source.labels.max() >= class_num:
         raise UserInputError(f"{data_path} has label {int(source.labels.max())} but class_num is "
@@ -293,11 +325,14 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     augment = training if augment is None else augment
     transform, mean, std = _transforms(dataset, image_size)
     sampler = EpochSampler(len(source), training=training, shuffle=shuffle, num_shards=num_shards,
-                           shard_id=shard_id, seed=seed, start_epoch=start_epoch)
+                           shard_id=shard_id, seed=seed, start_epoch=start_epoch, skip=skip_samples)
     if len(sampler) == 0 or (training and len(sampler) < batch_size):
         raise UserInputError(f"{data_path} gives {len(sampler)} samples to this shard, fewer than one "
                              f"batch of {batch_size}; lower batch_size or add data")
-    data = ds.GeneratorDataset(AugmentedSource(source, transform, augment, seed), ["image", "label"],
+    bad_samples = None
+    if bad_sample_file:
+        bad_samples = BadSampleLog(bad_sample_file, bad_sample_limit(max_bad_samples, len(source)))
+    data = ds.GeneratorDataset(AugmentedSource(source, transform, augment, seed, bad_samples), ["image", "label"],
                                sampler=sampler, **_source_workers(dataset, num_parallel_workers))
     ops = []
     if dataset == "cifar10" and image_size != CIFAR_SIDE:
@@ -306,6 +341,7 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     data = data.map(ops, input_columns="image", num_parallel_workers=num_parallel_workers)
     data = data.batch(batch_size, drop_remainder=training)
     data.epoch_sampler = sampler
+    data.bad_samples = bad_samples
     return data
 
 
