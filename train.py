@@ -176,9 +176,10 @@ def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: in
     The divergence guard comes first (nothing after it sees NaN weights at an epoch end), the
     stop-signal handler last (it stops after the step's or the epoch's other work)."""
     clip_key = "clip_grad_norm" if "clip_grad_norm" in cfg else None
-    callbacks = [DivergenceGuard(patience=cfg.nan_patience, steps_per_epoch=steps_per_epoch, lrs=lrs,
-                                 skips_overflow=cfg.loss_scale_type == "dynamic", first_step=first_step,
-                                 hints=divergence_hints(clip_key=clip_key, loss_scale_type=cfg.loss_scale_type)),
+    guard = DivergenceGuard(patience=cfg.nan_patience, steps_per_epoch=steps_per_epoch, lrs=lrs,
+                            skips_overflow=cfg.loss_scale_type == "dynamic", first_step=first_step,
+                            hints=divergence_hints(clip_key=clip_key, loss_scale_type=cfg.loss_scale_type))
+    callbacks = [guard,
                  TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
                               global_batch=cfg.batch_size * group_size, lrs=lrs, log_interval=cfg.log_interval,
                               first_step=first_step, record=record, log=log,
@@ -194,7 +195,8 @@ def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: in
         saver = CheckpointSaver(folder=folder, net_name=cfg.net_name, steps_per_epoch=steps_per_epoch,
                                 epoch_size=cfg.epoch_size, save_epochs=cfg.save_checkpoint_epochs,
                                 save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
-                                first_step=first_step, periodic=cfg.save_checkpoint, log=log)
+                                first_step=first_step, periodic=cfg.save_checkpoint,
+                                before_save=guard.check_weights, log=log)
         callbacks += [saver, RecordPlotter(record)]
     if cfg.enable_profiling:
         callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),

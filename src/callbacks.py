@@ -160,36 +160,35 @@ class EvalMonitor(Callback):
 class CheckpointSaver(StepCounter):
     """Saves the training state (weights, optimizer slots, counters) every `save_epochs` epochs,
     after the last epoch, and every `save_steps` steps if > 0; keeps the newest `keep`. With
-    `periodic` False it saves only when asked (`save_now`, for a stop signal). Weights with NaN/Inf
-    are never saved (the divergence guard stops the run); a low disk is said before a save."""
+    `periodic` False it saves only when asked (`save_now`, for a stop signal). `before_save(run_context)`
+    runs first (the divergence guard's weight check, which stops the run rather than save NaN/Inf);
+    a low disk is said before a save."""
 
     def __init__(self, *, folder: str, net_name: str, steps_per_epoch: int, epoch_size: int,
                  save_epochs: int, save_steps: int = 0, keep: int = 10, first_step: int = 0,
-                 periodic: bool = True, log: Callable[[str], None] = print):
+                 periodic: bool = True, before_save: Optional[Callable] = None,
+                 log: Callable[[str], None] = print):
         super().__init__(steps_per_epoch, first_step)
         self.folder, self.net_name = folder, net_name
         self.epoch_size, self.save_epochs, self.save_steps, self.keep = epoch_size, save_epochs, save_steps, keep
-        self.periodic, self.log = periodic, log
+        self.periodic, self.before_save, self.log = periodic, before_save, log
         self.saved_step, self.saved_path = first_step, None
 
     def _last_size(self) -> int:
         found = list_checkpoints(self.folder, self.net_name)
         return max((os.path.getsize(path) for _, _, path in found), default=0)
 
-    def save_now(self, run_context, epoch: int, step: int) -> Optional[str]:
-        """Save the state after global `step` of `epoch` (1-based) unless just saved; returns the file,
-        or None when the weights are not finite."""
+    def save_now(self, run_context, epoch: int, step: int) -> str:
+        """Save the state after global `step` of `epoch` (1-based) unless just saved; returns the file."""
         if step == self.saved_step and self.saved_path:
             return self.saved_path
+        if self.before_save:
+            self.before_save(run_context)
         path = os.path.join(self.folder, checkpoint_name(self.net_name, epoch, self.step_in_epoch(step)))
         warn_if_low_space(self.folder, self._last_size(), self.log)
-        try:
-            save_atomic(run_context.original_args().train_network, path,
-                        append_dict={"epoch_num": epoch if self.step_in_epoch(step) == self.steps_per_epoch
-                                     else epoch - 1, "step_num": step})
-        except NonFiniteWeightsError as err:
-            self.log(f"step {step}: {err}")
-            return None
+        save_atomic(run_context.original_args().train_network, path,
+                    append_dict={"epoch_num": epoch if self.step_in_epoch(step) == self.steps_per_epoch
+                                 else epoch - 1, "step_num": step})
         rotate(self.folder, self.net_name, self.keep, self.steps_per_epoch)
         self.saved_step, self.saved_path = step, path
         return path

@@ -61,8 +61,8 @@ def save_atomic(cell: nn.Cell, path: str, append_dict: Optional[Dict] = None) ->
     with NaN or Inf are never written (NonFiniteWeightsError)."""
     bad = non_finite_parameters(cell)
     if bad:
-        raise NonFiniteWeightsError(f"not saving {path}: {len(bad)} parameter(s) hold NaN/Inf "
-                                    f"({_listed(bad)}); training diverged")
+        raise NonFiniteWeightsError(f"not saving {path}: {len(bad)} parameter(s) hold NaN/Inf (first {bad[0]}); "
+                                    f"training diverged")
     with atomic_target(path) as tmp:
         # MindSpore writes <name>.tmp itself and renames it; a failed save leaves it behind.
         framework_tmp = os.path.splitext(tmp)[0] + ".tmp"

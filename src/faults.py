@@ -38,8 +38,8 @@ def overflow_skipped(outputs) -> bool:
 
 
 class DivergenceGuard(StepCounter):
-    """Stops the run after `patience` consecutive steps with a non-finite loss, or at an epoch end
-    whose weights hold NaN/Inf. Under dynamic loss scaling (`skips_overflow`), an overflow step is
+    """Stops the run after `patience` consecutive steps with a non-finite loss, or when the weights
+    hold NaN/Inf at an epoch end or before a checkpoint is saved (`check_weights`). Under dynamic loss scaling (`skips_overflow`), an overflow step is
     skipped by the scaler and neither counts nor resets the count. Put it first among the callbacks,
     so it stops the run before any epoch-end checkpoint or evaluation sees the bad weights."""
 
@@ -69,12 +69,17 @@ class DivergenceGuard(StepCounter):
                                 f"{self.where(run_context)}; no checkpoint with NaN/Inf was written; "
                                 f"try {self.hints}")
 
-    def on_train_epoch_end(self, run_context) -> None:
+    def check_weights(self, run_context) -> None:
+        """Raise DivergedError when any weight, statistic or optimizer slot holds NaN/Inf (before
+        every save, and at every epoch end)."""
         bad = non_finite_parameters(run_context.original_args().train_network)
         if bad:
             raise DivergedError(f"training diverged: {len(bad)} parameter(s) hold NaN/Inf (first {bad[0]}) at "
                                 f"{self.where(run_context)}; no checkpoint with NaN/Inf was written; "
                                 f"try {self.hints}")
+
+    def on_train_epoch_end(self, run_context) -> None:
+        self.check_weights(run_context)
 
 
 def divergence_hints(*, clip_key: Optional[str], loss_scale_type: str) -> str:

@@ -3,6 +3,9 @@ import json
 import os
 import re
 import shlex
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +73,52 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs):
     assert len(alone) == 62
     worst = max(float(np.abs(parallel[name] - alone[name]).max()) for name in alone)
     assert worst < 1e-5, worst
+
+
+def wait_for_step(folder: Path, step: int, process: subprocess.Popen, timeout: float = 300) -> None:
+    """Wait until rank 0's metrics.csv has recorded global step `step`."""
+    deadline = time.time() + timeout
+    while True:
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.time() < deadline, f"step {step} never came"
+        path = folder / "metrics.csv"
+        if path.exists() and any(line.split(",")[1:2] == [str(step)] for line in path.read_text().splitlines()):
+            return
+        time.sleep(0.05)
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_and_resume_equals_uninterrupted(runs, cifar_dir, tmp_path):
+    out, launched, _ = runs
+    assert launched.returncode == 0
+    args = ["bash", DIST_SH, str(cifar_dir), CONFIG, "--workers", "2", "--device_target", "CPU", "--master_port",
+            "8163", "--output_dir", str(tmp_path), "--batch_size", "8", "--dataset_sink_mode", "True"] + COMMON
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    try:
+        wait_for_step(tmp_path / RUN, 3, launcher)
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr.strip().splitlines()[-1]
+    folder = tmp_path / RUN
+    (saved,) = folder.glob("resnet18-1_*.ckpt")
+    step = int(saved.stem.split("_")[1])
+    assert 3 <= step < 12
+    logs = next((folder / "logs").iterdir())
+    for rank in (0, 1):  # every rank stopped after the same step
+        text = (logs / f"worker_{rank}.log").read_text()
+        assert f"step {step}/12" in text and f"step {step + 1}/12" not in text
+
+    resumed = run(args + ["--resume", "True"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    states = [json.loads((folder / f"final_state_rank{r}.json").read_text()) for r in (0, 1)]
+    assert states[0]["step"] == states[1]["step"] == 12
+    assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
+    expected, got = trainable(out / "dp" / RUN / "resnet18-1_12.ckpt"), trainable(folder / "resnet18-1_12.ckpt")
+    assert max(float(np.abs(expected[name] - got[name]).max()) for name in expected) < 1e-5
 
 
 def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):
