@@ -110,7 +110,7 @@ else
     PIDS=()
     for ((i = 0; i < LOCAL_WORKERS; i++)); do
         RANK_TABLE_FILE=$RANK_TABLE RANK_SIZE=$WORKERS RANK_ID=$((FIRST_RANK + i)) DEVICE_ID=$i \
-            "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}" > "$LOG_DIR/rank_$((FIRST_RANK + i)).log" 2>&1 &
+            setsid "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}" > "$LOG_DIR/rank_$((FIRST_RANK + i)).log" 2>&1 &
         PIDS+=($!)
     done
     # Wait for all ranks; the first failure stops the others instead of leaving them hanging.
@@ -138,8 +138,8 @@ rank_pids() {
         [[ $(ps -o sid= -p "$pid" | tr -d ' ') == "$pid" ]] && echo "$pid"
     done
 }
-# First SIGTERM/SIGINT: pass it to the ranks, which finish their step, save (rank 0) and exit;
-# a second one kills them at once.
+# First SIGTERM/SIGINT: pass SIGTERM to the ranks, which finish their step, save (rank 0) and
+# exit; a second one kills them at once.
 STOP_SIGNAL=""
 on_signal() {
     if [[ -n $STOP_SIGNAL ]]; then
@@ -149,13 +149,13 @@ on_signal() {
     fi
     STOP_SIGNAL=$1
     echo "received SIG$1: the ranks finish their step and rank 0 saves a checkpoint (send it again to stop at once)" >&2
-    kill -s "$1" $(rank_pids) 2>/dev/null
+    kill -TERM $(rank_pids) 2>/dev/null
 }
 trap 'on_signal TERM' TERM
 trap 'on_signal INT' INT
 if [[ -z $RANK_TABLE ]]; then
-    # A trap interrupts `wait`: wait again until msrun has really ended.
-    while kill -0 "$LAUNCHER" 2>/dev/null; do wait "$LAUNCHER"; STATUS=$?; done
+    wait "$LAUNCHER"; STATUS=$?
+    while kill -0 "$LAUNCHER" 2>/dev/null; do wait "$LAUNCHER"; STATUS=$?; done  # a trap ends `wait`
 else
     wait_ranks; STATUS=$?
     ranks_alive() { local pid; for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
