@@ -28,9 +28,18 @@ def bad_sample_limit(max_bad_samples: int, dataset_size: int) -> int:
     return max_bad_samples
 
 
+class UnreadableImageError(UserInputError):
+    """An image file that cannot be opened or decoded; `reason` is what the decoder said."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"cannot read image {path} ({reason}); remove or replace the file")
+        self.reason = reason
+
+
 def reason_of(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return text[:200]
+    """The decoder's one-line reason for an unreadable sample."""
+    text = getattr(err, "reason", None) or str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:200]
 
 
 class BadSampleLog:

@@ -104,11 +104,12 @@ def read_checkpoint(path: str) -> Dict[str, Parameter]:
 
 @contextlib.contextmanager
 def _framework_errors_silenced():
-    """MindSpore logs an ERROR line of its own before raising; the caller reports it in one line."""
+    """MindSpore logs an ERROR (or, for a failed save, CRITICAL) line of its own before raising; the
+    caller reports it in one line."""
     from mindspore import log as ms_log
     logger = ms_log._get_logger()  # pylint: disable=protected-access
     level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    logger.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:

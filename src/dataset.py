@@ -18,7 +18,8 @@ from PIL import Image
 import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
 
-from src.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
+from src.bad_samples import (UNREADABLE_ERRORS, BadSampleLog, UnreadableImageError, bad_sample_limit, reason_of,
+                             sample_name)
 from src.errors import UserInputError
 
 DATASETS = ("cifar10", "imagenet2012")
@@ -103,7 +104,7 @@ class ImageFolderSource:
             image = Image.open(path)
             return image.convert("RGB")
         except (OSError, ValueError) as err:
-            raise UserInputError(f"cannot read image {path} ({err}); remove or replace the file") from None
+            raise UnreadableImageError(path, str(err)) from None
 
 
 def _require_folder(path: str) -> None:

@@ -158,6 +158,7 @@ def test_full_disk_during_second_checkpoint_then_resume(cifar_dir, tmp_path):
         result = run(train_args(cifar_dir, disk, "--save_checkpoint_steps", "3"))
         assert result.returncode == 2, result.stderr[-3000:]
         line = error_line(result)
+        assert result.stderr.strip().splitlines() == [line]  # nothing else: no traceback, no framework log
         folder = disk / RUN
         assert "cannot write" in line and "resnet18-1_6.ckpt" in line and "No space left" in line
         assert "free in" in result.stdout and "less than the last checkpoint" in result.stdout
