@@ -16,7 +16,7 @@ import mindspore as ms
 import mindspore.dataset as mds
 from mindspore.train import Model
 
-from src.bad_samples import bad_sample_limit, listed, scan_unreadable
+from src.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
 from src.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
                            StepCounter, TrainMonitor)
 from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches,
@@ -67,9 +67,7 @@ def check_data(cfg: Config, log) -> None:
         print(f"unreadable: {name} ({reason})", file=sys.stderr, flush=True)
     limit = bad_sample_limit(cfg.max_bad_samples, len(source))
     log(f"check_data: {len(bad)} of {len(source)} training images unreadable (max_bad_samples {limit})")
-    if len(bad) > limit:
-        raise UserInputError(f"{len(bad)} unreadable images, more than max_bad_samples {limit}: "
-                             f"{listed([name for name, _ in bad])}; fix or remove them, or raise --max_bad_samples")
+    raise_if_too_many([name for name, _ in bad], limit, "all listed above")
 
 
 def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
@@ -297,21 +295,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     callbacks[-1].install()
     try:
         if first_step > start_epoch * steps_per_epoch:
-            rest = create_train_dataset(cfg, rank, group_size, folder, start_epoch=start_epoch,
-                                        skip_batches=first_step - start_epoch * steps_per_epoch)
-            model.train(start_epoch + 1, rest, callbacks=callbacks, dataset_sink_mode=False,
-                        initial_epoch=start_epoch)
-            start_epoch += 1
+            start_epoch = train_rest_of_epoch(cfg, model, callbacks, rank=rank, group_size=group_size, folder=folder,
+                                              first_step=first_step, steps_per_epoch=steps_per_epoch)
             set_start_epoch(dataset, start_epoch)
-            for callback in callbacks:  # MindSpore counts steps from 1 again in every train() call
-                if isinstance(callback, StepCounter):
-                    callback.first_step = start_epoch * steps_per_epoch
         if start_epoch < cfg.epoch_size:
             model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=cfg.dataset_sink_mode,
                         sink_size=cfg.sink_size if cfg.dataset_sink_mode else -1, initial_epoch=start_epoch)
     except TrainingStopped as stopped:
         return stopped.exit_code
     return 0
+
+
+def train_rest_of_epoch(cfg: Config, model: Model, callbacks: list, *, rank: int, group_size: int, folder: str,
+                        first_step: int, steps_per_epoch: int) -> int:
+    """Resuming mid-epoch: train the batches of the interrupted epoch after `first_step` (a dataset
+    of their own, since MindSpore wants every epoch of one dataset equally long); returns the
+    number of epochs done."""
+    epoch = first_step // steps_per_epoch
+    rest = create_train_dataset(cfg, rank, group_size, folder, start_epoch=epoch,
+                                skip_batches=first_step - epoch * steps_per_epoch)
+    model.train(epoch + 1, rest, callbacks=callbacks, dataset_sink_mode=False, initial_epoch=epoch)
+    for callback in callbacks:  # MindSpore counts steps from 1 again in every train() call
+        if isinstance(callback, StepCounter):
+            callback.first_step = (epoch + 1) * steps_per_epoch
+    return epoch + 1
 
 
 def best_top1(folder: str) -> float:

@@ -8,7 +8,7 @@ import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 from src.errors import UserInputError
 
@@ -65,17 +65,14 @@ class BadSampleLog:
     def add(self, epoch: int, index: int, name: str, reason: str) -> None:
         """Record sample `index` of sampler epoch `epoch` (0-based) as unreadable; raise once the
         distinct unreadable files exceed the limit."""
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)  # a rank may get here before rank 0
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(f"{epoch}\t{index}\t{name}\t{reason.replace(chr(9), ' ')}\n")
         if name not in self.warned:
             self.warned.add(name)
             print(f"warning: skipped unreadable image {name} ({reason}); replaced by the next readable sample",
                   file=sys.stderr, flush=True)
-        files = self.files()
-        if len(files) > self.limit:
-            raise UserInputError(f"{len(files)} unreadable images, more than max_bad_samples {self.limit}: "
-                                 f"{listed(files)}; fix or remove them (--check_data True lists all), or raise "
-                                 f"--max_bad_samples")
+        raise_if_too_many(self.files(), self.limit, "--check_data True lists all")
 
     def files(self) -> List[str]:
         """The distinct unreadable files recorded, in the order met."""
@@ -86,9 +83,13 @@ class BadSampleLog:
         return sum(1 for recorded, _, _ in self._entries() if recorded == epoch - 1)
 
 
-def listed(names: List[str]) -> str:
-    shown = ", ".join(names[:MAX_LISTED])
-    return shown + (f", ... (+{len(names) - MAX_LISTED})" if len(names) > MAX_LISTED else "")
+def raise_if_too_many(files: List[str], limit: int, where_listed: str) -> None:
+    """Stop with one line listing the first files when more than `limit` are unreadable."""
+    if len(files) > limit:
+        shown = ", ".join(files[:MAX_LISTED]) + (f", ... (+{len(files) - MAX_LISTED})" if len(files) > MAX_LISTED
+                                                 else "")
+        raise UserInputError(f"{len(files)} unreadable images, more than max_bad_samples {limit}: {shown}; fix or "
+                             f"remove them ({where_listed}), or raise --max_bad_samples")
 
 
 def sample_name(source, index: int) -> str:

@@ -5,7 +5,6 @@ import re
 import shlex
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 
 import mindspore as ms
 
-from conftest import PYTHON, REPO, run
+from conftest import PYTHON, REPO, run, wait_for_step
 from src.checkpoint import network_part
 from src.distributed import check_fusion_points, fusion_split_points
 from src.errors import UserInputError
@@ -73,18 +72,6 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs):
     assert len(alone) == 62
     worst = max(float(np.abs(parallel[name] - alone[name]).max()) for name in alone)
     assert worst < 1e-5, worst
-
-
-def wait_for_step(folder: Path, step: int, process: subprocess.Popen, timeout: float = 300) -> None:
-    """Wait until rank 0's metrics.csv has recorded global step `step`."""
-    deadline = time.time() + timeout
-    while True:
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.time() < deadline, f"step {step} never came"
-        path = folder / "metrics.csv"
-        if path.exists() and any(line.split(",")[1:2] == [str(step)] for line in path.read_text().splitlines()):
-            return
-        time.sleep(0.05)
 
 
 def test_sigterm_to_the_launcher_stops_every_rank_and_resume_equals_uninterrupted(runs, cifar_dir, tmp_path):

@@ -1,21 +1,18 @@
-"""Faults a long run meets: divergence, a full disk, unreadable images, a stop signal; each with
-real files, real subprocesses and real signals (the SIGTERM-then-resume equality test sits in
-test_resume.py, beside the uninterrupted run it compares with)."""
+"""Faults a long run meets: divergence, a full disk, unreadable images; real files, real subprocesses.
+The stop-signal tests sit beside the uninterrupted runs they compare with: test_resume.py (one
+process) and test_distributed.py (two ranks through the launcher)."""
 import contextlib
 import csv
 import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-import mindspore as ms
-from mindspore import Parameter, Tensor, nn
+from mindspore import Tensor, nn
 from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 

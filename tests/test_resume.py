@@ -14,7 +14,7 @@ from PIL import Image
 
 import mindspore as ms
 
-from conftest import PYTHON, REPO, run
+from conftest import PYTHON, REPO, run, wait_for_step
 from src.checkpoint import read_checkpoint, rotate
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
@@ -79,18 +79,6 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_di
     final_expected = weights(uninterrupted / "resnet18-3_12.ckpt")
     final_got = weights(folder / "resnet18-3_12.ckpt")
     assert max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected) < 1e-5
-
-
-def wait_for_step(folder: Path, step: int, process: subprocess.Popen, timeout: float = 300) -> None:
-    """Wait until the run record holds global step `step`."""
-    deadline = time.time() + timeout
-    while True:
-        assert process.poll() is None, process.communicate()[1][-2000:]
-        assert time.time() < deadline, f"step {step} never came"
-        path = folder / "metrics.csv"
-        if path.exists() and any(line.split(",")[1:2] == [str(step)] for line in path.read_text().splitlines()):
-            return
-        time.sleep(0.05)
 
 
 def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, cifar_dir, tmp_path):
