@@ -108,12 +108,11 @@ class GracefulStop(StepCounter):
         self.save, self.agree, self.barrier, self.finish = save, agree, barrier, finish
         self.resume_hint, self.sink_mode, self.log = resume_hint, sink_mode, log
         self.signum = 0
-        self.previous = {}
 
     def install(self) -> None:
         """Take over SIGTERM and SIGINT (call once, in the main thread)."""
         for signum in STOP_SIGNALS:
-            self.previous[signum] = signal.signal(signum, self._handle)
+            signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:  # pylint: disable=unused-argument
         if self.signum:  # the second signal: no more waiting

@@ -21,7 +21,7 @@ def write_failure(path: str, err: BaseException) -> WriteError:
     """The one-line error for a failed write of `path`."""
     cause = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[0]
     return WriteError(f"cannot write {path}: {cause}; earlier files in {os.path.dirname(path) or '.'} are "
-                      f"intact (free space or fix permissions, then continue with --resume True)")
+                      f"intact (free space or fix permissions; a training run then continues with --resume True)")
 
 
 def temporary_path(path: str) -> str:
