@@ -7,23 +7,28 @@
 """
 import os
 import random
-from typing import Optional, Sequence
+import shlex
+import sys
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
 import mindspore.dataset as mds
 from mindspore.train import Model
 
+from src.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
 from src.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
-                           TrainMonitor)
+                           StepCounter, TrainMonitor)
 from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches, network_params,
                             raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
 from src.config import Config, load_config, run_dir, save_config
-from src.dataset import Augmentation, create_dataset, create_eval_dataset, set_start_epoch
+from src.dataset import Augmentation, create_dataset, create_eval_dataset, create_source, set_start_epoch
 from src.device import cap_workers, init_device
-from src.distributed import (check_fusion_points, fusion_split_points, init_distributed, launcher_device_id,
-                             local_rank_count, set_data_parallel)
+from src.distributed import (all_reduce_sum, check_fusion_points, fusion_split_points, init_distributed,
+                             launcher_device_id, local_rank_count, set_data_parallel)
 from src.errors import UserInputError, run_cli
+from src.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
+from src.files import remove_stale_temporaries
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
 from src.optimizer import create_optimizer
@@ -49,12 +54,30 @@ def data_recipe(cfg: Config) -> Augmentation:
                         mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha, ra_reps=cfg.ra_reps)
 
 
-def create_train_dataset(cfg: Config, rank: int, group_size: int):
+def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *, start_epoch: int = 0,
+                         skip_batches: int = 0):
+    """The training data from `start_epoch` on (each epoch without its first `skip_batches`
+    batches); unreadable samples are replaced and recorded in the run folder."""
     return create_dataset(cfg.dataset, cfg.data_path, training=True, batch_size=cfg.batch_size,
                           image_size=cfg.train_image_size, class_num=cfg.class_num,
                           num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size,
-                          shard_id=rank, seed=cfg.seed, augmentation=data_recipe(cfg),
-                          interpolation=cfg.interpolation)
+                          shard_id=rank, seed=cfg.seed, start_epoch=start_epoch, augmentation=data_recipe(cfg),
+                          interpolation=cfg.interpolation,
+                          skip_samples=skip_batches * cfg.batch_size,
+                          bad_sample_file=os.path.join(folder, f"bad_samples_rank{rank}.tsv"),
+                          max_bad_samples=cfg.max_bad_samples)
+
+
+def check_data(cfg: Config, log) -> None:
+    """--check_data: open and decode every training image once; list the unreadable ones, and stop
+    when they are more than max_bad_samples."""
+    source = create_source(cfg.dataset, cfg.data_path, training=True)
+    bad = scan_unreadable(source, workers=cfg.num_parallel_workers)
+    for name, reason in bad:
+        print(f"unreadable: {name} ({reason})", file=sys.stderr, flush=True)
+    limit = bad_sample_limit(cfg.max_bad_samples, len(source))
+    log(f"check_data: {len(bad)} of {len(source)} training images unreadable (max_bad_samples {limit})")
+    raise_if_too_many([name for name, _ in bad], limit, "all listed above")
 
 
 def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
@@ -87,13 +110,26 @@ def fusion_points(cfg: Config, net) -> list:
     return fusion_split_points(sizes)
 
 
-def resume_checkpoint(cfg: Config, folder: str, steps_per_epoch: int) -> Optional[str]:
-    """The checkpoint to continue from: resume_ckpt, or the newest in the run folder with --resume."""
+def real_sink(cfg: Config) -> bool:
+    """Sink mode that really sinks (CPU runs steps one by one whatever the flag)."""
+    return cfg.dataset_sink_mode and cfg.device_target != "CPU"
+
+
+def resume_checkpoint(cfg: Config, folder: str, steps_per_epoch: int, log) -> Optional[str]:
+    """The checkpoint to continue from: resume_ckpt, or the newest in the run folder with --resume
+    (in real sink mode the newest at a sink boundary, that is, an epoch end)."""
     if cfg.resume_ckpt:
         return cfg.resume_ckpt
-    if cfg.resume:
-        return find_latest(folder, cfg.net_name, steps_per_epoch)
-    return None
+    if not cfg.resume:
+        return None
+    newest = find_latest(folder, cfg.net_name, steps_per_epoch)
+    if not real_sink(cfg):
+        return newest
+    boundary = find_latest(folder, cfg.net_name, steps_per_epoch, mid_epoch=False)
+    if boundary != newest:
+        log(f"dataset_sink_mode: resuming from the last sink boundary {boundary}, not the mid-epoch {newest} "
+            f"(resume with --dataset_sink_mode False to continue from it exactly)")
+    return boundary
 
 
 def check_fresh_run_folder(folder: str, net_name: str) -> None:
@@ -103,23 +139,27 @@ def check_fresh_run_folder(folder: str, net_name: str) -> None:
                              f"or pick another --output_dir")
 
 
-def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_size: int) -> int:
-    """Restore the whole training state from `path`; returns the number of epochs already done."""
+def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_size: int,
+                    mid_epoch: bool) -> Tuple[int, int]:
+    """Restore the whole training state from `path`; returns (epochs done, global step)."""
     params = read_checkpoint(path)
     if network_params(params, path)[1]:
         raise UserInputError(f"checkpoint {path} has the model zoo's names: its optimizer state cannot be resumed "
                              f"here; start from its weights with --pre_trained {path}")
     raise_if_mismatched(network_mismatches(net, params), path, "this network", "resume with the same config")
     epochs_done, step = training_position(params, path)
-    if step != epochs_done * steps_per_epoch:
-        raise UserInputError(f"checkpoint {path} is at step {step}, not at the end of an epoch of "
-                             f"{steps_per_epoch} steps; resume from an end-of-epoch checkpoint (or the "
-                             f"batch size or dataset changed)")
+    if not epochs_done * steps_per_epoch <= step < (epochs_done + 1) * steps_per_epoch:
+        raise UserInputError(f"checkpoint {path} is at step {step}, which is not in epoch {epochs_done + 1} of "
+                             f"{steps_per_epoch} steps; the batch size or dataset changed: resume with the "
+                             f"config the run was started with")
+    if step != epochs_done * steps_per_epoch and not mid_epoch:
+        raise UserInputError(f"checkpoint {path} is mid-epoch (step {step}); dataset_sink_mode can resume only "
+                             f"from an epoch end: pass --dataset_sink_mode False, or an end-of-epoch checkpoint")
     if epochs_done >= epoch_size:
         raise UserInputError(f"checkpoint {path} is at epoch {epochs_done} of {epoch_size}: the run is "
                              f"complete; raise --epoch_size to train on")
     restore_training_state(model.train_network, params, path)
-    return epochs_done
+    return epochs_done, step
 
 
 def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
@@ -149,32 +189,80 @@ def check_boost_mode(boost_mode: str) -> str:
 
 
 def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: int, steps_per_epoch: int,
-                     lrs: np.ndarray, first_step: int, eval_dataset, record: Optional[RunRecord], log) -> list:
-    """Logging, evaluation, checkpoints, the run record and profiling; files from rank 0 only."""
-    callbacks = [TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
+                     lrs: np.ndarray, first_step: int, eval_dataset, record: Optional[RunRecord], log,
+                     bad_samples, argv: Sequence[str]) -> list:
+    """Logging, evaluation, checkpoints, the run record and profiling; files from rank 0 only.
+    The divergence guard comes first (nothing after it sees NaN weights at an epoch end), the
+    stop-signal handler last (it stops after the step's or the epoch's other work)."""
+    clip_key = "clip_grad_norm" if "clip_grad_norm" in cfg else None
+    guard = DivergenceGuard(patience=cfg.nan_patience, steps_per_epoch=steps_per_epoch, lrs=lrs,
+                            skips_overflow=cfg.loss_scale_type == "dynamic", first_step=first_step,
+                            hints=divergence_hints(clip_key=clip_key, loss_scale_type=cfg.loss_scale_type))
+    callbacks = [guard,
+                 TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
                               global_batch=cfg.batch_size * group_size, lrs=lrs, log_interval=cfg.log_interval,
-                              first_step=first_step, record=record, log=log)]
+                              first_step=first_step, record=record, log=log,
+                              bad_samples=bad_samples.count if bad_samples else None)]
     if eval_dataset is not None:
         callbacks.append(EvalMonitor(net=net, dataset=eval_dataset, num_classes=cfg.class_num,
                                      group_size=group_size, epoch_size=cfg.epoch_size,
                                      eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
                                      best_folder=folder if cfg.save_best_ckpt and rank == 0 else None,
                                      best_top1=best_top1(folder) if first_step else -1.0, record=record, log=log))
+    saver = None
     if rank == 0:
-        if cfg.save_checkpoint:
-            callbacks.append(CheckpointSaver(folder=folder, net_name=cfg.net_name, steps_per_epoch=steps_per_epoch,
-                                             epoch_size=cfg.epoch_size, save_epochs=cfg.save_checkpoint_epochs,
-                                             save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
-                                             first_step=first_step))
-        callbacks.append(RecordPlotter(record))
+        saver = CheckpointSaver(folder=folder, net_name=cfg.net_name, steps_per_epoch=steps_per_epoch,
+                                epoch_size=cfg.epoch_size, save_epochs=cfg.save_checkpoint_epochs,
+                                save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
+                                first_step=first_step, periodic=cfg.save_checkpoint,
+                                before_save=guard.check_weights, log=log)
+        callbacks += [saver, RecordPlotter(record)]
     if cfg.enable_profiling:
         callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),
                                          device_target=cfg.device_target, steps=cfg.profile_steps))
     callbacks.append(FinalState(net=net, folder=folder, rank=rank, first_step=first_step))
+    callbacks.append(graceful_stop(cfg, steps_per_epoch=steps_per_epoch, first_step=first_step, saver=saver,
+                                   record=record, group_size=group_size, log=log, argv=argv))
     return callbacks
 
 
+def graceful_stop(cfg: Config, *, steps_per_epoch: int, first_step: int, saver: Optional[CheckpointSaver],
+                  record: Optional[RunRecord], group_size: int, log, argv: Sequence[str]) -> GracefulStop:
+    """The stop-signal handler. With several ranks, they agree after every step on whether to stop
+    (one small allreduce), and wait for rank 0's checkpoint before they exit."""
+    def agree(flag: int) -> int:
+        if group_size == 1:
+            return flag
+        return int(all_reduce_sum(np.array([flag], dtype=np.float64))[0])
+
+    def barrier() -> None:
+        agree(0)
+
+    return GracefulStop(steps_per_epoch=steps_per_epoch, first_step=first_step,
+                        save=saver.save_now if saver else (lambda *args: None), agree=agree, barrier=barrier,
+                        finish=record.plot if record else (lambda: None), resume_hint=resume_command(cfg, argv),
+                        sink_mode=real_sink(cfg), log=log)
+
+
+def resume_command(cfg: Config, argv: Sequence[str]) -> str:
+    """The command line that continues this run."""
+    if cfg.run_distribute:
+        return "the same launch command with --resume True"
+    kept, skip_value = [], False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        if name in ("resume", "resume_ckpt"):
+            skip_value = "=" not in arg
+            continue
+        kept.append(arg)
+    return shlex.join(["python", "train.py", *kept, "--resume", "True"])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     cfg = load_config(argv, prog="train.py")
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
     init_device(cfg.device_target, mode_name=cfg.mode_name,
@@ -187,11 +275,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
     for note in cfg.notes + ([workers_note] if workers_note else []):
         log(note)
+    if cfg.check_data and rank == 0:
+        check_data(cfg, log)
 
     net = create_network(cfg, log)
     if group_size > 1:
         set_data_parallel(group_size, fusion_points(cfg, net))
-    dataset = create_train_dataset(cfg, rank, group_size)
+    dataset = create_train_dataset(cfg, rank, group_size, folder)
     steps_per_epoch = dataset.get_dataset_size()
     check_sink_size(cfg, steps_per_epoch)
     eval_dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size) if cfg.run_eval else None
@@ -199,32 +289,61 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model = create_train_model(cfg, net, lrs)
 
     # Everything that can be wrong with the input is checked above; only now is anything written.
-    resume_from = resume_checkpoint(cfg, folder, steps_per_epoch)
-    start_epoch = 0
+    resume_from = resume_checkpoint(cfg, folder, steps_per_epoch, log)
+    start_epoch = first_step = 0
     if resume_from:
-        start_epoch = resume_position(resume_from, net, model, steps_per_epoch, cfg.epoch_size)
+        start_epoch, first_step = resume_position(resume_from, net, model, steps_per_epoch, cfg.epoch_size,
+                                                  mid_epoch=not real_sink(cfg))
     elif rank == 0:
         check_fresh_run_folder(folder, cfg.net_name)
     set_start_epoch(dataset, start_epoch)
-    first_step = start_epoch * steps_per_epoch
     record = None
     if rank == 0:
         os.makedirs(folder, exist_ok=True)
+        removed = remove_stale_temporaries(folder)
+        if removed:
+            log(f"removed {len(removed)} temporary file(s) left by an interrupted run: {', '.join(removed)}")
         save_config(cfg, os.path.join(folder, "config.yaml"))
         record = RunRecord(folder, resume_step=first_step if resume_from else None)
+    dataset.bad_samples.reset()
     callbacks = create_callbacks(cfg, net=net, folder=folder, rank=rank, group_size=group_size,
                                  steps_per_epoch=steps_per_epoch, lrs=lrs, first_step=first_step,
-                                 eval_dataset=eval_dataset, record=record, log=log)
+                                 eval_dataset=eval_dataset, record=record, log=log,
+                                 bad_samples=dataset.bad_samples, argv=argv)
 
     log(f"training {cfg.net_name} on {cfg.dataset} ({cfg.data_path}): epochs {start_epoch + 1}..{cfg.epoch_size} x "
         f"{steps_per_epoch} steps of {cfg.batch_size} x {group_size} rank(s); amp "
         f"{resolve_amp_level(cfg.amp_level, cfg.device_target)}; run folder {folder}"
-        + (f"; resumed from {resume_from}" if resume_from else ""))
+        + (f"; resumed from {resume_from} at global step {first_step}" if resume_from else ""))
     if cfg.dataset_sink_mode and cfg.device_target == "CPU":
         log("dataset_sink_mode: MindSpore has no CPU sink, so steps run one by one (logs stay per step)")
-    model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=cfg.dataset_sink_mode,
-                sink_size=cfg.sink_size if cfg.dataset_sink_mode else -1, initial_epoch=start_epoch)
+    callbacks[-1].install()
+    try:
+        if first_step > start_epoch * steps_per_epoch:
+            start_epoch = train_rest_of_epoch(cfg, model, callbacks, rank=rank, group_size=group_size, folder=folder,
+                                              first_step=first_step, steps_per_epoch=steps_per_epoch)
+            set_start_epoch(dataset, start_epoch)
+        if start_epoch < cfg.epoch_size:
+            model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=cfg.dataset_sink_mode,
+                        sink_size=cfg.sink_size if cfg.dataset_sink_mode else -1, initial_epoch=start_epoch)
+    except TrainingStopped as stopped:
+        return stopped.exit_code
     return 0
+
+
+def train_rest_of_epoch(cfg: Config, model: Model, callbacks: list, *, rank: int, group_size: int, folder: str,
+                        first_step: int, steps_per_epoch: int) -> int:
+    """Resuming mid-epoch: train the batches of the interrupted epoch after `first_step` (a dataset
+    of their own, since MindSpore wants every epoch of one dataset equally long); returns the
+    number of epochs done."""
+    epoch = first_step // steps_per_epoch
+    rest = create_train_dataset(cfg, rank, group_size, folder, start_epoch=epoch,
+                                skip_batches=first_step - epoch * steps_per_epoch)
+    model.train(epoch + 1, rest, callbacks=callbacks, dataset_sink_mode=False, initial_epoch=epoch)
+    for callback in callbacks:  # MindSpore counts steps from 1 again in every train() call
+        if isinstance(callback, StepCounter):
+            callback.first_step = (epoch + 1) * steps_per_epoch
+    return epoch + 1
 
 
 def best_top1(folder: str) -> float:

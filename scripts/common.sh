@@ -16,18 +16,32 @@ resolve_run_dir() {
     "$PY" -m src.config --run_dir "$@"
 }
 
-# Run a command in the foreground; its stdout and stderr go to the console (each to its own
-# stream, so a JSON last line stays last on stdout) and both into LOG. Returns its exit code.
+# Run a command; its stdout and stderr go to the console (each to its own stream, so a JSON last
+# line stays last on stdout) and both into LOG. Returns its exit code, or 128 + the signal that
+# stopped this script. The command runs in a session of its own, so a terminal's Ctrl-C reaches
+# only this script, which passes SIGTERM on once (train.py then finishes its step and saves a
+# checkpoint); a second signal kills the command at once.
 run_logged() {
     local log=$1 status out err out_pid err_pid
     shift
     exec {out}> >(tee -a "$log"); out_pid=$!
     exec {err}> >(tee -a "$log" >&2); err_pid=$!
-    "$@" >&"$out" 2>&"$err"
-    status=$?
+    setsid "$@" >&"$out" 2>&"$err" &
+    RUN_LOGGED_PID=$! RUN_LOGGED_STOP=""
+    trap 'stop_logged 130' INT
+    trap 'stop_logged 143' TERM
+    wait "$RUN_LOGGED_PID"; status=$?
+    while kill -0 "$RUN_LOGGED_PID" 2>/dev/null; do wait "$RUN_LOGGED_PID"; status=$?; done  # a trap ends `wait`
+    trap - INT TERM
     exec {out}>&- {err}>&-
     wait "$out_pid" "$err_pid"   # a bare wait covers only the last tee; the log must be complete on return
-    return $status
+    return "${RUN_LOGGED_STOP:-$status}"
+}
+
+stop_logged() {
+    if [[ -n $RUN_LOGGED_STOP ]]; then kill -KILL "$RUN_LOGGED_PID" 2>/dev/null; return; fi
+    RUN_LOGGED_STOP=$1
+    kill -TERM "$RUN_LOGGED_PID" 2>/dev/null
 }
 
 # Print a command as a shell would re-read it (for --dry_run).

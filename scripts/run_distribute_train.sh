@@ -23,6 +23,10 @@ Other --KEY VALUE pairs are config overrides for train.py.
 
 Logs: <run folder>/logs/<time>/worker_<rank>.log (msrun) or rank_<rank>.log (rank table); the console
 follows rank 0. The script waits for every rank and exits non-zero if any failed.
+
+SIGTERM or Ctrl-C: every rank finishes its step, rank 0 saves a resumable checkpoint, and the
+script exits with 128 + signal (143, 130); resume with the same command and --resume True.
+A second signal kills the ranks at once.
 USAGE
 }
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -91,7 +95,9 @@ if [[ -z $RANK_TABLE ]]; then
     export PATH="$ROOT/.venv/bin:$PATH"   # msrun starts `python` from PATH
     export LOCAL_WORKER_NUM=$LOCAL_WORKERS   # each rank's share of this node's cores (src/distributed.py)
     FIRST_LOG="$LOG_DIR/worker_$((NODE_RANK * LOCAL_WORKERS)).log"
-    "${COMMAND[@]}" > "$LOG_DIR/msrun.log" 2>&1 &
+    # Its own session: a terminal's Ctrl-C reaches this script only (msrun would SIGKILL the ranks);
+    # the trap below passes the signal to the ranks, which stop cleanly.
+    setsid "${COMMAND[@]}" > "$LOG_DIR/msrun.log" 2>&1 &
     LAUNCHER=$!
 else
     FIRST_RANK=$((NODE_RANK * LOCAL_WORKERS))
@@ -108,7 +114,7 @@ else
     export LOCAL_WORKER_NUM=$LOCAL_WORKERS
     for ((i = 0; i < LOCAL_WORKERS; i++)); do
         RANK_TABLE_FILE=$RANK_TABLE RANK_SIZE=$WORKERS RANK_ID=$((FIRST_RANK + i)) DEVICE_ID=$i \
-            "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}" > "$LOG_DIR/rank_$((FIRST_RANK + i)).log" 2>&1 &
+            setsid "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}" > "$LOG_DIR/rank_$((FIRST_RANK + i)).log" 2>&1 &
         PIDS+=($!)
     done
     # Wait for all ranks; the first failure stops the others instead of leaving them hanging.
@@ -116,6 +122,7 @@ else
         local remaining=${#PIDS[@]} status
         while [[ $remaining -gt 0 ]]; do
             wait -n "${PIDS[@]}"; status=$?
+            [[ -n $STOP_SIGNAL ]] && return 0   # stopping: the ranks exit on their own (waited for below)
             if [[ $status -ne 0 ]]; then kill "${PIDS[@]}" 2>/dev/null; return $status; fi
             remaining=$((remaining - 1))
         done
@@ -127,12 +134,41 @@ echo "logs: $LOG_DIR (console follows $(basename "$FIRST_LOG"))"
 touch "$FIRST_LOG"
 tail -n +1 -F "$FIRST_LOG" 2>/dev/null &
 TAIL=$!
-# Background jobs of a script ignore Ctrl-C: stop the ranks ourselves so none keeps its device.
-trap 'kill ${LAUNCHER:-} ${PIDS[@]+"${PIDS[@]}"} "$TAIL" 2>/dev/null; echo "error: interrupted; the ranks were stopped" >&2; exit 130' INT TERM
+# The ranks: msrun starts each in a session of its own (its scheduler and log tails share msrun's).
+rank_pids() {
+    if [[ -n $RANK_TABLE ]]; then echo "${PIDS[@]}"; return; fi
+    local pid
+    for pid in $(pgrep -P "$LAUNCHER"); do
+        [[ $(ps -o sid= -p "$pid" | tr -d ' ') == "$pid" ]] && echo "$pid"
+    done
+}
+# First SIGTERM/SIGINT: pass SIGTERM to the ranks, which finish their step, save (rank 0) and
+# exit; a second one kills them at once.
+STOP_SIGNAL=""
+on_signal() {
+    if [[ -n $STOP_SIGNAL ]]; then
+        kill -KILL $(rank_pids) 2>/dev/null
+        echo "error: interrupted again; the ranks were killed" >&2
+        return
+    fi
+    STOP_SIGNAL=$1
+    echo "received SIG$1: the ranks finish their step and rank 0 saves a checkpoint (send it again to stop at once)" >&2
+    kill -TERM $(rank_pids) 2>/dev/null
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
 if [[ -z $RANK_TABLE ]]; then
     wait "$LAUNCHER"; STATUS=$?
+    while kill -0 "$LAUNCHER" 2>/dev/null; do wait "$LAUNCHER"; STATUS=$?; done  # a trap ends `wait`
 else
     wait_ranks; STATUS=$?
+    ranks_alive() { local pid; for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
+    while [[ -n $STOP_SIGNAL ]] && ranks_alive; do wait "${PIDS[@]}"; done
+fi
+if [[ -n $STOP_SIGNAL ]]; then
+    sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null
+    echo "error: stopped by SIG$STOP_SIGNAL; continue with the same command and --resume True (logs in $LOG_DIR)" >&2
+    exit $((128 + $(kill -l "$STOP_SIGNAL")))
 fi
 sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null
 if [[ $STATUS -ne 0 ]]; then

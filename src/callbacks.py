@@ -4,6 +4,7 @@ Steps are global: a resumed run starts counting at `first_step` (the checkpoint'
 MindSpore's own step counter restarts at 1 in every process."""
 import hashlib
 import json
+import math
 import os
 import time
 from typing import Callable, Optional, Sequence
@@ -12,13 +13,14 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Callback
 
-from src.checkpoint import BEST_NAME, checkpoint_name, rotate, save_atomic
+from src.checkpoint import BEST_NAME, NonFiniteWeightsError, checkpoint_name, list_checkpoints, rotate, save_atomic
 from src.config import write_atomic
+from src.files import warn_if_low_space
 from src.metrics import evaluate
 from src.run_record import RunRecord
 
 
-def _loss_value(outputs) -> float:
+def loss_value(outputs) -> float:
     """The loss from a train step's outputs (a tensor, or a tuple led by it under loss scaling)."""
     if isinstance(outputs, (tuple, list)):
         outputs = outputs[0]
@@ -51,11 +53,12 @@ class TrainMonitor(StepCounter):
     the same values in the run record; summarizes each epoch.
 
     `global_batch` is the number of images one step consumes across all ranks; `lrs` is the
-    whole schedule, indexed by global step."""
+    whole schedule, indexed by global step; `bad_samples(epoch)` counts the unreadable samples
+    replaced in an epoch (1-based), for the epoch summary and the record."""
 
     def __init__(self, *, steps_per_epoch: int, total_steps: int, global_batch: int, lrs: Sequence[float],
                  log_interval: int = 10, first_step: int = 0, record: Optional[RunRecord] = None,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, bad_samples: Optional[Callable[[int], int]] = None):
         super().__init__(steps_per_epoch, first_step)
         self.total_steps = total_steps
         self.global_batch = global_batch
@@ -63,6 +66,7 @@ class TrainMonitor(StepCounter):
         self.log_interval = max(1, log_interval)
         self.record = record
         self.log = log
+        self.bad_samples = bad_samples
         self.wall_offset = record.wall_time_offset if record else 0.0
         self.run_start = self.window_time = self.epoch_start = time.time()
         self.window_step = self.logged_step = first_step
@@ -78,7 +82,7 @@ class TrainMonitor(StepCounter):
     def on_train_step_end(self, run_context) -> None:
         params = run_context.original_args()
         step = self.global_step(run_context)
-        loss = _loss_value(params.net_outputs)
+        loss = loss_value(params.net_outputs)
         self.epoch_losses.append(loss)
         at_epoch_end = self.step_in_epoch(step) == self.steps_per_epoch
         if step - self.logged_step < self.log_interval and not at_epoch_end:
@@ -87,21 +91,24 @@ class TrainMonitor(StepCounter):
         images_per_second = (step - self.window_step) * self.global_batch / max(now - self.window_time, 1e-9)
         seconds_per_step = (now - self.run_start) / max(step - self.first_step, 1)
         lr = float(self.lrs[min(step - 1, len(self.lrs) - 1)])
+        bad = self.bad_samples(params.cur_epoch_num) if self.bad_samples and at_epoch_end else None
         self.log(f"epoch {params.cur_epoch_num} step {self.step_in_epoch(step)}/{self.steps_per_epoch} "
                  f"loss {loss:.4f} lr {lr:.6f} {images_per_second:.1f} img/s "
                  f"eta {format_duration(seconds_per_step * (self.total_steps - step))}")
         if self.record:
             self.record.add(epoch=params.cur_epoch_num, step=step, loss=loss, lr=lr,
                             img_per_s=round(images_per_second, 2),
-                            wall_time=round(self.wall_offset + now - self.run_start, 3))
+                            wall_time=round(self.wall_offset + now - self.run_start, 3), bad_samples=bad)
         self.window_time, self.window_step, self.logged_step = now, step, step
 
     def on_train_epoch_end(self, run_context) -> None:
         params = run_context.original_args()
         seconds = time.time() - self.epoch_start
         images = self.steps_per_epoch * self.global_batch
+        bad = self.bad_samples(params.cur_epoch_num) if self.bad_samples else 0
         self.log(f"epoch {params.cur_epoch_num} done: mean loss {np.mean(self.epoch_losses):.4f} "
-                 f"time {seconds:.1f}s {images / max(seconds, 1e-9):.1f} img/s")
+                 f"time {seconds:.1f}s {images / max(seconds, 1e-9):.1f} img/s"
+                 + (f"; {bad} unreadable sample(s) replaced" if bad else ""))
 
 
 class EvalMonitor(Callback):
@@ -136,42 +143,66 @@ class EvalMonitor(Callback):
         if self.record:
             self.record.add(epoch=epoch, step=epoch * params.batch_num, loss=result["loss"],
                             top_1=result["top_1_accuracy"], top_5=result["top_5_accuracy"])
+        if not math.isfinite(result["loss"]):
+            self.log(f"epoch {epoch}: evaluation loss is {result['loss']}; not a candidate for {BEST_NAME}")
+            return
         if self.best_folder and result["top_1_accuracy"] > self.best_top1:
+            try:
+                save_atomic(self.net, os.path.join(self.best_folder, BEST_NAME),
+                            append_dict={"epoch_num": epoch, "top_1_accuracy": result["top_1_accuracy"]})
+            except NonFiniteWeightsError as err:
+                self.log(f"epoch {epoch}: {err}")
+                return
             self.best_top1 = result["top_1_accuracy"]
-            save_atomic(self.net, os.path.join(self.best_folder, BEST_NAME),
-                        append_dict={"epoch_num": epoch, "top_1_accuracy": self.best_top1})
             self.log(f"epoch {epoch}: new best top-1 {self.best_top1:.4f}, saved {BEST_NAME}")
 
 
 class CheckpointSaver(StepCounter):
     """Saves the training state (weights, optimizer slots, counters) every `save_epochs` epochs,
-    after the last epoch, and every `save_steps` steps if > 0; keeps the newest `keep`."""
+    after the last epoch, and every `save_steps` steps if > 0; keeps the newest `keep`. With
+    `periodic` False it saves only when asked (`save_now`, for a stop signal). `before_save(run_context)`
+    runs first (the divergence guard's weight check, which stops the run rather than save NaN/Inf);
+    a low disk is said before a save."""
 
     def __init__(self, *, folder: str, net_name: str, steps_per_epoch: int, epoch_size: int,
-                 save_epochs: int, save_steps: int = 0, keep: int = 10, first_step: int = 0):
+                 save_epochs: int, save_steps: int = 0, keep: int = 10, first_step: int = 0,
+                 periodic: bool = True, before_save: Optional[Callable] = None,
+                 log: Callable[[str], None] = print):
         super().__init__(steps_per_epoch, first_step)
         self.folder, self.net_name = folder, net_name
         self.epoch_size, self.save_epochs, self.save_steps, self.keep = epoch_size, save_epochs, save_steps, keep
-        self.saved_step = first_step
+        self.periodic, self.before_save, self.log = periodic, before_save, log
+        self.saved_step, self.saved_path = first_step, None
 
-    def _save(self, run_context, epoch: int, step: int) -> None:
+    def _last_size(self) -> int:
+        found = list_checkpoints(self.folder, self.net_name)
+        return max((os.path.getsize(path) for _, _, path in found), default=0)
+
+    def save_now(self, run_context, epoch: int, step: int) -> str:
+        """Save the state after global `step` of `epoch` (1-based) unless just saved; returns the file."""
+        if step == self.saved_step and self.saved_path:
+            return self.saved_path
+        if self.before_save:
+            self.before_save(run_context)
         path = os.path.join(self.folder, checkpoint_name(self.net_name, epoch, self.step_in_epoch(step)))
+        warn_if_low_space(self.folder, self._last_size(), self.log)
         save_atomic(run_context.original_args().train_network, path,
                     append_dict={"epoch_num": epoch if self.step_in_epoch(step) == self.steps_per_epoch
                                  else epoch - 1, "step_num": step})
         rotate(self.folder, self.net_name, self.keep, self.steps_per_epoch)
-        self.saved_step = step
+        self.saved_step, self.saved_path = step, path
+        return path
 
     def on_train_step_end(self, run_context) -> None:
         step = self.global_step(run_context)
-        if self.save_steps and step - self.saved_step >= self.save_steps \
+        if self.periodic and self.save_steps and step - self.saved_step >= self.save_steps \
                 and self.step_in_epoch(step) != self.steps_per_epoch:
-            self._save(run_context, run_context.original_args().cur_epoch_num, step)
+            self.save_now(run_context, run_context.original_args().cur_epoch_num, step)
 
     def on_train_epoch_end(self, run_context) -> None:
         epoch = run_context.original_args().cur_epoch_num
-        if epoch % self.save_epochs == 0 or epoch == self.epoch_size:
-            self._save(run_context, epoch, self.global_step(run_context))
+        if self.periodic and (epoch % self.save_epochs == 0 or epoch == self.epoch_size):
+            self.save_now(run_context, epoch, self.global_step(run_context))
 
 
 class RecordPlotter(Callback):

@@ -6,10 +6,12 @@ import os
 import re
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import mindspore as ms
 from mindspore import Parameter, nn
 
 from src.errors import UserInputError
+from src.files import atomic_target
 
 # Keys a training checkpoint holds besides the network: optimizer slots and counters.
 OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accum.", "accu_grads.")
@@ -40,16 +42,38 @@ def list_checkpoints(folder: str, net_name: str) -> List[Tuple[int, int, str]]:
     return sorted(found)
 
 
+class NonFiniteWeightsError(UserInputError):
+    """Refused to save weights holding NaN or Inf."""
+
+
+def non_finite_parameters(cell: nn.Cell) -> List[str]:
+    """Names of the floating-point parameters of `cell` (weights, BN statistics, optimizer slots)
+    that hold a NaN or an Inf."""
+    bad = []
+    for param in cell.get_parameters():
+        value = param.asnumpy()
+        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+            bad.append(param.name)
+    return bad
+
+
 def save_atomic(cell: nn.Cell, path: str, append_dict: Optional[Dict] = None) -> None:
-    """Save through a hidden temporary file and a rename: a kill never leaves half a file under `path`."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
-    try:
-        ms.save_checkpoint(cell, tmp, append_dict=append_dict, crc_check=True)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Save through a hidden temporary file and a rename: a kill never leaves half a file under
+    `path`, a failed write (disk full) is one WriteError and leaves no temporary behind, and weights
+    with NaN or Inf are never written (NonFiniteWeightsError)."""
+    bad = non_finite_parameters(cell)
+    if bad:
+        raise NonFiniteWeightsError(f"not saving {path}: {len(bad)} parameter(s) hold NaN/Inf (first {bad[0]}); "
+                                    f"training diverged")
+    with atomic_target(path) as tmp:
+        # MindSpore writes <name>.tmp itself and renames it; a failed save leaves it behind.
+        framework_tmp = os.path.splitext(tmp)[0] + ".tmp"
+        try:
+            with _framework_errors_silenced():
+                ms.save_checkpoint(cell, tmp, append_dict=append_dict, crc_check=True)
+        finally:
+            if os.path.exists(framework_tmp):
+                os.remove(framework_tmp)
 
 
 def rotate(folder: str, net_name: str, keep: int, steps_per_epoch: int) -> List[str]:
@@ -82,11 +106,12 @@ def read_checkpoint(path: str) -> Dict[str, Parameter]:
 
 @contextlib.contextmanager
 def _framework_errors_silenced():
-    """MindSpore logs an ERROR line of its own before raising; the caller reports it in one line."""
+    """MindSpore logs an ERROR (or, for a failed save, CRITICAL) line of its own before raising; the
+    caller reports it in one line."""
     from mindspore import log as ms_log
     logger = ms_log._get_logger()  # pylint: disable=protected-access
     level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    logger.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:
@@ -222,10 +247,13 @@ def restore_training_state(train_network: nn.Cell, params: Dict[str, Parameter],
     ms.load_param_into_net(train_network, {name: params[name] for name in wanted}, strict_load=True)
 
 
-def find_latest(folder: str, net_name: str, steps_per_epoch: int) -> str:
-    """The newest end-of-epoch checkpoint in the run folder (what --resume continues from)."""
-    candidates = [path for _, step, path in list_checkpoints(folder, net_name) if step == steps_per_epoch]
+def find_latest(folder: str, net_name: str, steps_per_epoch: int, mid_epoch: bool = True) -> str:
+    """The checkpoint --resume continues from: the furthest in training, end-of-epoch or (with
+    `mid_epoch`) mid-epoch (a step save, or the one a stop signal left)."""
+    candidates = [(epoch, step, path) for epoch, step, path in list_checkpoints(folder, net_name)
+                  if step == steps_per_epoch or (mid_epoch and step < steps_per_epoch)]
     if not candidates:
-        raise UserInputError(f"no end-of-epoch checkpoint ({net_name}-<epoch>_{steps_per_epoch}.ckpt) in "
-                             f"{folder} to resume from; pass --resume_ckpt, or start anew with another --output_dir")
-    return candidates[-1]
+        kind = f"<epoch>_<step <= {steps_per_epoch}>" if mid_epoch else f"<epoch>_{steps_per_epoch}"
+        raise UserInputError(f"no checkpoint ({net_name}-{kind}.ckpt) in {folder} to resume from; pass "
+                             f"--resume_ckpt, or start anew with another --output_dir")
+    return max(candidates)[2]

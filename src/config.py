@@ -7,12 +7,12 @@ import difflib
 import os
 import re
 import sys
-import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
 from src.errors import UserInputError
+from src.files import atomic_target, write_failure
 from src.zoo_config import (IGNORED_KEYS, RENAMED_KEYS, check_optimizer_available, ignored_line,
                             refuse_if_active, translate_zoo_keys)
 
@@ -24,7 +24,7 @@ REFERENCE_CONFIG = DEFAULT_CONFIG
 # Keys that must be > 0 (checked at load, not hours into a run).
 POSITIVE_KEYS = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_image_size",
                  "num_parallel_workers", "save_checkpoint_epochs", "keep_checkpoint_max", "log_interval",
-                 "eval_interval", "profile_steps", "device_num", "loss_scale")
+                 "eval_interval", "profile_steps", "device_num", "loss_scale", "nan_patience")
 NON_NEGATIVE_KEYS = ("warmup_epochs", "lr_init", "lr_max", "lr_end", "weight_decay", "momentum",
                      "save_checkpoint_steps", "label_smooth_factor", "eval_start_epoch", "device_id",
                      "eval_resize_size")
@@ -301,19 +301,16 @@ def run_dir(cfg: Config) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write text to path through a temporary file and a rename, so readers never see half a file."""
+    """Write text to path through a temporary file and a rename, so readers never see half a file;
+    a failed write is one WriteError naming `path`."""
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise write_failure(path, err) from None
+    with atomic_target(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; make it a normal file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def save_config(cfg: Config, path: str) -> None:

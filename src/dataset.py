@@ -23,6 +23,8 @@ import mindspore.dataset.vision as vision
 from src.auto_augment import create_policy, interpolation_mode
 from src.batch_mixing import check_mixing, mix_batch
 from src.device import worker_budget
+from src.bad_samples import (UNREADABLE_ERRORS, BadSampleLog, UnreadableImageError, bad_sample_limit, reason_of,
+                             sample_name)
 from src.errors import UserInputError
 from src.random_erasing import erase, erase_box
 
@@ -145,7 +147,7 @@ class ImageFolderSource:
             image = Image.open(path)
             return image.convert("RGB")
         except (OSError, ValueError) as err:
-            raise UserInputError(f"cannot read image {path} ({err}); remove or replace the file") from None
+            raise UnreadableImageError(path, str(err)) from None
 
 
 def _require_folder(path: str) -> None:
@@ -225,10 +227,14 @@ class AugmentedSource:
     """Random-access source over sample keys (index = key % N); augmentation seeded by (seed, key).
 
     Draws come in a fixed order from the sample's generator: crop and flip, then the policy, then
-    the erasing box. With `batch_stage`, rows also carry the key and the box for the batch map."""
+    the erasing box. With `batch_stage`, rows also carry the key and the box for the batch map.
+    With a `bad_samples` log, an unreadable sample (failing at open or at decode) is recorded and
+    replaced by the next readable index, augmented as the key says: the replacement depends on the
+    key alone, so resume stays exact. Without one, it is an error naming the file."""
 
     def __init__(self, source, transform: Callable, augment: bool, seed: int, *, policy: Optional[Callable] = None,
-                 erase_probability: float = 0.0, image_size: int = 0, batch_stage: bool = False):
+                 erase_probability: float = 0.0, image_size: int = 0, batch_stage: bool = False,
+                 bad_samples: Optional[BadSampleLog] = None, keys_per_epoch: int = 0):
         self.source = source
         self.transform = transform
         self.augment = augment
@@ -236,13 +242,14 @@ class AugmentedSource:
         self.policy = policy
         self.erase_probability, self.image_size = erase_probability, image_size
         self.batch_stage = batch_stage
+        self.bad_samples = bad_samples
+        self.keys_per_epoch = keys_per_epoch or len(source)
+        self.known_bad = set()
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, key: int):
-        key = int(key)
-        index = key % len(self.source)
+    def _sample(self, key: int, index: int):
         rng = np.random.default_rng([self.seed, key]) if self.augment else None
         image = self.transform(self.source.load(index), rng)
         if self.policy is not None and rng is not None:
@@ -252,6 +259,24 @@ class AugmentedSource:
             return row
         box = erase_box(self.image_size, self.image_size, rng, self.erase_probability)
         return row + (np.int64(key), np.asarray(box, dtype=np.int32))
+
+    def __getitem__(self, key: int):
+        key = int(key)
+        total = len(self.source)
+        first = key % total
+        for index in (i % total for i in range(first, first + total)):
+            if index in self.known_bad:
+                continue
+            try:
+                return self._sample(key, index)
+            except UNREADABLE_ERRORS as err:
+                if self.bad_samples is None:
+                    raise UserInputError(f"cannot read {sample_name(self.source, index)} ({reason_of(err)}); "
+                                         f"remove or replace the file") from None
+                self.known_bad.add(index)
+                self.bad_samples.add(key // self.keys_per_epoch, index, sample_name(self.source, index),
+                                     reason_of(err))
+        raise UserInputError("no readable sample in the dataset; check the image files")
 
 
 class BatchStage:
@@ -280,10 +305,14 @@ class EpochSampler(ds.Sampler):
     `repeats` > 1 (repeated augmentation), each index of the permutation stands `repeats` times in
     a row and the shards take every `num_shards`-th entry, so the copies of a sample land on
     different ranks with different keys; each shard keeps N / num_shards entries, so an epoch is as
-    long as without repeats. Evaluation: every sample exactly once across shards, in order."""
+    long as without repeats. Evaluation: every sample exactly once across shards, in order.
+    `skip` leaves out the first samples of each epoch: a one-epoch dataset with it is the rest
+    of an epoch interrupted after `skip` samples (MindSpore needs every epoch of a dataset to have
+    the same length, so a mid-epoch resume trains that rest as a dataset of its own)."""
 
     def __init__(self, num_samples: int, *, training: bool, shuffle: bool, num_shards: int,
-                 shard_id: int, seed: int, start_epoch: int = 0, repeats: int = 1):
+                 shard_id: int, seed: int, start_epoch: int = 0, repeats: int = 1,
+                 skip: int = 0):
         self.total = num_samples
         self.training = training
         self.shuffle = shuffle
@@ -292,6 +321,7 @@ class EpochSampler(ds.Sampler):
         self.seed = seed
         self.epoch = start_epoch
         self.repeats = repeats if training else 1
+        self.skip = skip
         super().__init__()  # reads len(self)
 
     def epoch_keys(self, epoch: int) -> np.ndarray:
@@ -312,13 +342,13 @@ class EpochSampler(ds.Sampler):
     def __iter__(self):
         epoch = self.epoch
         self.epoch += 1
-        for key in self.epoch_keys(epoch):
+        for key in self.epoch_keys(epoch)[self.skip:]:
             yield int(key)
 
     def __len__(self) -> int:
         if self.training:
-            return self.total // self.num_shards
-        return len(range(self.shard_id, self.total, self.num_shards))
+            return self.total // self.num_shards - self.skip
+        return len(range(self.shard_id, self.total, self.num_shards)) - self.skip
 
 
 def _transforms(dataset: str, image_size: int, resize_size: int = 0, interpolation: str = "bilinear"):
@@ -382,14 +412,19 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
                    shard_id: int = 0, seed: int = 1, start_epoch: int = 0,
                    shuffle: Optional[bool] = None, augment: Optional[bool] = None,
                    augmentation: Augmentation = PLAIN, interpolation: str = "bilinear",
-                   resize_size: int = 0) -> ds.Dataset:
+                   resize_size: int = 0, bad_sample_file: Optional[str] = None, max_bad_samples: int = -1,
+                   skip_samples: int = 0) -> ds.Dataset:
     """A batched dataset of (image float32 CHW normalized, label int32 - or float32 soft targets
     [batch, class_num] when `augmentation` mixes batches).
 
     Training drops the last partial batch; evaluation keeps every sample exactly once.
     `shuffle` and `augment` default to `training`; `augmentation` (the recipe beyond crop and flip)
     applies only where `augment` is on. `interpolation` (bilinear, bicubic, nearest) drives every
-    resize and geometric operation; `resize_size` is evaluation's short side (0: image_size / 0.875)."""
+    resize and geometric operation; `resize_size` is evaluation's short side (0: image_size / 0.875).
+    With `bad_sample_file`, unreadable samples are recorded there and replaced, up to
+    `max_bad_samples` distinct files (-1: 0.1% of the dataset); the log is `data.bad_samples`.
+    `skip_samples` leaves out the first samples of every epoch (for the rest of an interrupted
+    epoch; see EpochSampler)."""
     augment = training if augment is None else augment
     augmentation = augmentation if augment else PLAIN
     augmentation.check()
@@ -406,14 +441,19 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     shuffle = training if shuffle is None else shuffle
     transform, mean, std = _transforms(dataset, image_size, resize_size, interpolation)
     sampler = EpochSampler(len(source), training=training, shuffle=shuffle, num_shards=num_shards,
-                           shard_id=shard_id, seed=seed, start_epoch=start_epoch, repeats=augmentation.ra_reps)
+                           shard_id=shard_id, seed=seed, start_epoch=start_epoch, repeats=augmentation.ra_reps,
+                           skip=skip_samples)
     if len(sampler) == 0 or (training and len(sampler) < batch_size):
         raise UserInputError(f"{data_path} gives {len(sampler)} samples to this shard, fewer than one "
                              f"batch of {batch_size}; lower batch_size or add data")
     batch_stage = augmentation.needs_batch_stage
     columns = ["image", "label"] + (["key", "erase"] if batch_stage else [])
+    bad_samples = None
+    if bad_sample_file:
+        bad_samples = BadSampleLog(bad_sample_file, bad_sample_limit(max_bad_samples, len(source)))
     source_rows = AugmentedSource(source, transform, augment, seed, policy=policy, image_size=image_size,
-                                  erase_probability=augmentation.random_erase, batch_stage=batch_stage)
+                                  erase_probability=augmentation.random_erase, batch_stage=batch_stage,
+                                  bad_samples=bad_samples, keys_per_epoch=len(source) * sampler.repeats)
     data = ds.GeneratorDataset(source_rows, columns, sampler=sampler, **_source_workers(dataset, num_parallel_workers))
     ops = []
     if dataset == "cifar10" and image_size != CIFAR_SIDE:
@@ -427,6 +467,7 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     else:
         data = data.batch(batch_size, drop_remainder=training)
     data.epoch_sampler = sampler
+    data.bad_samples = bad_samples
     return data
 
 

@@ -99,6 +99,11 @@ class _AllReduceSum(nn.Cell):
         return self.all_reduce(x)
 
 
+_ALL_REDUCE: List[_AllReduceSum] = []  # one cell, built on first use, so its graph compiles once
+
+
 def all_reduce_sum(values: np.ndarray) -> np.ndarray:
     """Sum a small float64 vector over all ranks (float32 on the wire; exact for counts < 2**24)."""
-    return _AllReduceSum()(ms.Tensor(values.astype(np.float32))).asnumpy().astype(np.float64)
+    if not _ALL_REDUCE:
+        _ALL_REDUCE.append(_AllReduceSum())
+    return _ALL_REDUCE[0](ms.Tensor(values.astype(np.float32))).asnumpy().astype(np.float64)

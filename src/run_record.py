@@ -1,11 +1,13 @@
 """The run record: metrics.csv (one row per logged step and per evaluation) and curves.png."""
+import contextlib
 import csv
 import os
 from typing import Dict, List, Optional
 
 from src.config import write_atomic
+from src.files import atomic_target, write_failure
 
-COLUMNS = ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time"]
+COLUMNS = ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time", "bad_samples"]
 
 
 class RunRecord:
@@ -35,9 +37,16 @@ class RunRecord:
     def add(self, **values) -> None:
         """Append one row; missing columns stay empty."""
         row = {column: _format(values.get(column)) for column in COLUMNS}
+        size = os.path.getsize(self.csv_path) if os.path.exists(self.csv_path) else 0
+        try:
+            with open(self.csv_path, "a", encoding="utf-8") as handle:
+                handle.write(",".join(row[c] for c in COLUMNS) + "\n")
+        except OSError as err:
+            # A partial row would corrupt the record: cut the file back to its last whole row.
+            with contextlib.suppress(OSError):
+                os.truncate(self.csv_path, size)
+            raise write_failure(self.csv_path, err) from None
         self.rows.append(row)
-        with open(self.csv_path, "a", encoding="utf-8") as handle:
-            handle.write(",".join(row[c] for c in COLUMNS) + "\n")
 
     def plot(self) -> None:
         """Draw loss and lr against step, and top-1/top-5 against epoch, into curves.png."""
@@ -58,10 +67,11 @@ class RunRecord:
         axes[2].set(title="evaluation accuracy", xlabel="epoch", ylim=(0, 1))
         axes[2].legend(loc="lower right")
         figure.tight_layout()
-        tmp = self.png_path + ".tmp.png"
-        figure.savefig(tmp, dpi=80)
-        plt.close(figure)
-        os.replace(tmp, self.png_path)
+        try:
+            with atomic_target(self.png_path) as tmp:
+                figure.savefig(tmp, dpi=80, format="png")
+        finally:
+            plt.close(figure)
 
 
 def _format(value) -> str:

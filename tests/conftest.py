@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -44,3 +45,16 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
     full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     return subprocess.run(args, cwd=str(cwd or REPO), capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def wait_for_step(folder: Path, step: int, process: subprocess.Popen, timeout: float = 300) -> None:
+    """Wait until the run record (metrics.csv) in `folder` holds global step `step`, while
+    `process` trains (a stop signal sent then lands mid-run, not during start-up)."""
+    deadline = time.time() + timeout
+    while True:
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.time() < deadline, f"step {step} never came"
+        path = folder / "metrics.csv"
+        if path.exists() and any(line.split(",")[1:2] == [str(step)] for line in path.read_text().splitlines()):
+            return
+        time.sleep(0.05)

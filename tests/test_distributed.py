@@ -3,6 +3,8 @@ import json
 import os
 import re
 import shlex
+import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -10,8 +12,8 @@ import pytest
 
 import mindspore as ms
 
-from conftest import PYTHON, REPO, run
-from src.checkpoint import network_part
+from conftest import PYTHON, REPO, run, wait_for_step
+from src.checkpoint import network_part, read_checkpoint, training_position
 from src.distributed import check_fusion_points, fusion_split_points
 from src.errors import UserInputError
 from src.precision import create_loss_scale_manager, resolve_amp_level
@@ -70,6 +72,37 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs):
     assert len(alone) == 62
     worst = max(float(np.abs(parallel[name] - alone[name]).max()) for name in alone)
     assert worst < 1e-5, worst
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_and_leaves_a_resumable_checkpoint(runs, cifar_dir, tmp_path):
+    out, launched, _ = runs
+    assert launched.returncode == 0
+    args = ["bash", DIST_SH, str(cifar_dir), CONFIG, "--workers", "2", "--device_target", "CPU", "--master_port",
+            "8163", "--output_dir", str(tmp_path), "--batch_size", "8", "--dataset_sink_mode", "True"] + COMMON
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    try:
+        wait_for_step(tmp_path / RUN, 3, launcher)
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr.strip().splitlines()[-1]
+    folder = tmp_path / RUN
+    (saved,) = folder.glob("resnet18-1_*.ckpt")
+    step = int(saved.stem.split("_")[1])
+    assert 3 <= step < 12
+    logs = next((folder / "logs").iterdir())
+    for rank in (0, 1):  # every rank stopped after the same step
+        text = (logs / f"worker_{rank}.log").read_text()
+        assert f"step {step}/12" in text and f"step {step + 1}/12" not in text
+    # Resumable: the whole training state of a complete run's checkpoint, at a mid-epoch position
+    # (test_resume.py resumes such a checkpoint and matches the uninterrupted run).
+    stopped, complete = read_checkpoint(str(saved)), read_checkpoint(str(out / "dp" / RUN / "resnet18-1_12.ckpt"))
+    assert training_position(stopped, str(saved)) == (0, step)
+    assert {k: v.shape for k, v in stopped.items()} == {k: v.shape for k, v in complete.items()}
 
 
 def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):

@@ -14,7 +14,7 @@ from PIL import Image
 
 import mindspore as ms
 
-from conftest import PYTHON, REPO, run
+from conftest import PYTHON, REPO, run, wait_for_step
 from src.checkpoint import read_checkpoint, rotate
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
@@ -81,9 +81,35 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_di
     assert max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected) < 1e-5
 
 
+def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, cifar_dir, tmp_path):
+    folder = tmp_path / RUN
+    process = subprocess.Popen(train_args(cifar_dir, tmp_path, "--epoch_size", "3"), cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(folder, 16, process)
+    process.send_signal(signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    (saved,) = folder.glob("resnet18-2_*.ckpt")  # mid-epoch 2, beside the end of epoch 1
+    step = 12 + int(saved.stem.split("_")[1])
+    assert 16 <= step < 24
+    assert f"stopped by SIGTERM after global step {step} (mid-epoch); saved {saved}" in stdout
+    assert "--resume True" in stdout.strip().splitlines()[-1]
+
+    resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {saved} at global step {step}" in resumed.stdout
+    expected, got = step_losses(uninterrupted), step_losses(folder)
+    assert sorted(got) == list(range(1, 37))
+    assert max(abs(expected[s] - got[s]) for s in expected) < 1e-5
+    final_expected = weights(uninterrupted / "resnet18-3_12.ckpt")
+    final_got = weights(folder / "resnet18-3_12.ckpt")
+    assert max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected) < 1e-5
+
+
 def test_run_record_files_exist_and_parse(uninterrupted):
     rows = read_rows(uninterrupted)
-    assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time"]
+    assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time",
+                             "bad_samples"]
     assert len(rows) == 36 and all(float(r["img_per_s"]) > 0 for r in rows)
     assert [float(r["wall_time"]) for r in rows] == sorted(float(r["wall_time"]) for r in rows)
     with Image.open(uninterrupted / "curves.png") as image:
