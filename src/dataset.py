@@ -19,6 +19,7 @@ import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
 
 from src.errors import UserInputError
+from src.image_decode import crop_resize, open_image
 
 DATASETS = ("cifar10", "imagenet2012")
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
@@ -97,12 +98,8 @@ class ImageFolderSource:
         return len(self.paths)
 
     def load(self, index: int) -> Image.Image:
-        path = self.paths[index]
-        try:
-            image = Image.open(path)
-            return image.convert("RGB")
-        except (OSError, ValueError) as err:
-            raise UserInputError(f"cannot read image {path} ({err}); remove or replace the file") from None
+        """The image, opened lazily: the transform decodes only what its crop needs."""
+        return open_image(self.paths[index])
 
 
 def _require_folder(path: str) -> None:
@@ -146,23 +143,24 @@ def random_resized_crop_box(width: int, height: int, rng: np.random.Generator,
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
 
 
-def folder_train_transform(image: Image.Image, size: int, rng: np.random.Generator) -> np.ndarray:
+def folder_train_transform(image: Image.Image, size: int, rng: np.random.Generator,
+                           interpolation: str = "bilinear") -> np.ndarray:
     """ImageNet augmentation: random resized crop to size x size, flip half the time."""
     left, top, crop_w, crop_h = random_resized_crop_box(image.width, image.height, rng)
-    image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + crop_w, top + crop_h))
-    if rng.random() < 0.5:
-        image = image.transpose(Image.FLIP_LEFT_RIGHT)
-    return np.asarray(image)
+    array = crop_resize(image, (left, top, left + crop_w, top + crop_h), (size, size), interpolation)
+    return array[:, ::-1] if rng.random() < 0.5 else array
 
 
-def folder_eval_transform(image: Image.Image, size: int) -> np.ndarray:
+def folder_eval_transform(image: Image.Image, size: int, interpolation: str = "bilinear") -> np.ndarray:
     """Resize the short side to size / 0.875 (256 for 224), then center-crop size x size."""
     short = int(round(size / EVAL_CROP_RATIO))
     scale = short / min(image.width, image.height)
     resized_w, resized_h = max(size, round(image.width * scale)), max(size, round(image.height * scale))
-    image = image.resize((resized_w, resized_h), Image.BILINEAR)
     left, top = (resized_w - size) // 2, (resized_h - size) // 2
-    return np.asarray(image.crop((left, top, left + size, top + size)))
+    # The crop's box in the original image: resizing only it gives the pixels of resize-then-crop.
+    scale_x, scale_y = resized_w / image.width, resized_h / image.height
+    box = (left / scale_x, top / scale_y, (left + size) / scale_x, (top + size) / scale_y)
+    return crop_resize(image, box, (size, size), interpolation)
 
 
 class AugmentedSource:
