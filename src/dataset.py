@@ -143,15 +143,14 @@ def random_resized_crop_box(width: int, height: int, rng: np.random.Generator,
     return (width - crop_w) // 2, (height - crop_h) // 2, crop_w, crop_h
 
 
-def folder_train_transform(image: Image.Image, size: int, rng: np.random.Generator,
-                           interpolation: str = "bilinear") -> np.ndarray:
+def folder_train_transform(image: Image.Image, size: int, rng: np.random.Generator) -> np.ndarray:
     """ImageNet augmentation: random resized crop to size x size, flip half the time."""
     left, top, crop_w, crop_h = random_resized_crop_box(image.width, image.height, rng)
-    array = crop_resize(image, (left, top, left + crop_w, top + crop_h), (size, size), interpolation)
+    array = crop_resize(image, (left, top, left + crop_w, top + crop_h), (size, size), Image.BILINEAR)
     return array[:, ::-1] if rng.random() < 0.5 else array
 
 
-def folder_eval_transform(image: Image.Image, size: int, interpolation: str = "bilinear") -> np.ndarray:
+def folder_eval_transform(image: Image.Image, size: int) -> np.ndarray:
     """Resize the short side to size / 0.875 (256 for 224), then center-crop size x size."""
     short = int(round(size / EVAL_CROP_RATIO))
     scale = short / min(image.width, image.height)
@@ -160,7 +159,7 @@ def folder_eval_transform(image: Image.Image, size: int, interpolation: str = "b
     # The crop's box in the original image: resizing only it gives the pixels of resize-then-crop.
     scale_x, scale_y = resized_w / image.width, resized_h / image.height
     box = (left / scale_x, top / scale_y, (left + size) / scale_x, (top + size) / scale_y)
-    return crop_resize(image, box, (size, size), interpolation)
+    return crop_resize(image, box, (size, size), Image.BILINEAR)
 
 
 class AugmentedSource:

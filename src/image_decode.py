@@ -22,7 +22,6 @@ from PIL import Image
 
 from src.errors import UserInputError
 
-INTERPOLATIONS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
 DCT_SCALES = (8, 4, 2)
 # A reduced decode must keep twice the output's pixels per side: PIL's filter then still does the
 # final shrinking, and the result stays within a gray level of a full decode (measured: mean 0.2).
@@ -51,17 +50,9 @@ def _unreadable(path: str, err: BaseException) -> UserInputError:
     return UserInputError(f"cannot read image {path} ({err}); remove or replace the file")
 
 
-def resampling_filter(interpolation: str) -> int:
-    """PIL's resampling filter for an interpolation name (bilinear, bicubic, nearest)."""
-    if interpolation not in INTERPOLATIONS:
-        raise UserInputError(f"unknown interpolation '{interpolation}'; choose one of {', '.join(INTERPOLATIONS)}")
-    return INTERPOLATIONS[interpolation]
-
-
-def crop_resize(image: Image.Image, box: Box, size: Tuple[int, int], interpolation: str = "bilinear") -> np.ndarray:
+def crop_resize(image: Image.Image, box: Box, size: Tuple[int, int], resample: int = Image.BILINEAR) -> np.ndarray:
     """The region `box` (left, top, right, bottom in the image's full-size pixels) resized to
-    `size` (width, height): an RGB uint8 array of shape (height, width, 3)."""
-    resample = resampling_filter(interpolation)
+    `size` (width, height) with PIL's filter `resample`: an RGB uint8 array (height, width, 3)."""
     try:
         decoded, scale = _decode_for(image, box, size)
         if decoded.mode != "RGB":
