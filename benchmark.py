@@ -8,7 +8,12 @@ graph compile time; training img/s on in-memory data (compute) and through the r
 from generated CIFAR-10 binary files and JPEG class folders (end to end); evaluation img/s and
 latency p50/p95/p99 at batch 1 and at the batch size; and each pipeline's img/s alone. With
 --vs-torch the same network, batch, size and thread count run in PyTorch eager fp32, in a
-process of their own, alternating with MindSpore, and the ratios are printed. Everything is fp32 on the CPU.
+process of their own, alternating with MindSpore, and the ratios are printed. With onnxruntime
+installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too.
+Then the ImageNet input pipelines: --photos photograph-like JPEGs (ImageNet sizes, quality 90) are
+generated, their mean size and PIL decode time reported, and this repository's pipeline and
+MindSpore's native one (as the model zoo builds it) measured on them, train and eval, one worker
+pinned to one core, then 1 and 2 workers on 2 cores. Everything is fp32 on the CPU.
 """
 import argparse
 import importlib.util
