@@ -6,12 +6,12 @@ would give:
   resampling filter and chroma upsampling) need not be decoded at all. The frame height in the
   SOF header is lowered before decoding; libjpeg then stops there and skips the remaining
   entropy-coded data as extraneous bytes (a warning, not an error).
-- resolution: when the crop is at least twice the output size in both directions, libjpeg's
-  scaled IDCT (PIL's `draft`) decodes at 1/2, 1/4 or 1/8 scale, which still leaves more pixels
-  than the output and so only changes which low-pass filter shrinks the image.
-Resizing itself is PIL's, from the crop box of the (reduced) image, with the same filter as before.
-Images that are not lazily opened baseline JPEGs (PNG, progressive JPEG, already decoded images)
-take the plain path: full decode, same resize.
+- resolution: when the crop is at least four times the output size in both directions, libjpeg's
+  scaled IDCT (PIL's `draft`) decodes at 1/2, 1/4 or 1/8 scale, leaving at least twice the
+  output's pixels per side, so PIL's filter still does the final shrinking.
+Resizing itself is PIL's, from the crop box of the (reduced) image, with the caller's filter.
+Progressive JPEGs are decoded down to the last row (their scans cover the whole frame); images that
+are not lazily opened JPEGs (PNG, already decoded images) take the plain path: full decode, resize.
 """
 import io
 import math
@@ -70,8 +70,9 @@ def _decode_for(image: Image.Image, box: Box, size: Tuple[int, int]) -> Tuple[Im
         image.load()
         return image, 1
     scale = dct_scale(box, size)
-    support = max((box[2] - box[0]) / size[0], (box[3] - box[1]) / size[1])  # filter radius, in pixels
-    rows = min(image.height, int(math.ceil(box[3] + support)) + ROW_MARGIN * scale)
+    # PIL's widest filter (Lanczos) reads 3 source pixels per output pixel beyond the box edge.
+    reach = 3 * max((box[2] - box[0]) / size[0], (box[3] - box[1]) / size[1])
+    rows = min(image.height, int(math.ceil(box[3] + reach)) + ROW_MARGIN * scale)
     reduced = _with_height(data, rows) if rows < image.height else None
     decoded = Image.open(io.BytesIO(reduced)) if reduced is not None else image
     if scale > 1:
