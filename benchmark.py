@@ -8,7 +8,12 @@ graph compile time; training img/s on in-memory data (compute) and through the r
 from generated CIFAR-10 binary files and JPEG class folders (end to end); evaluation img/s and
 latency p50/p95/p99 at batch 1 and at the batch size; and each pipeline's img/s alone. With
 --vs-torch the same network, batch, size and thread count run in PyTorch eager fp32, in a
-process of their own, alternating with MindSpore, and the ratios are printed. Everything is fp32 on the CPU.
+process of their own, alternating with MindSpore, and the ratios are printed. With onnxruntime
+installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too.
+Then the ImageNet input pipelines: --photos photograph-like JPEGs (ImageNet sizes, quality 90) are
+generated, their mean size and PIL decode time reported, and this repository's pipeline and
+MindSpore's native one (as the model zoo builds it) measured on them, train and eval, one worker
+pinned to one core, then 1 and 2 workers on 2 cores. Everything is fp32 on the CPU.
 """
 import argparse
 import importlib.util
@@ -18,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -97,6 +102,13 @@ class MindSporeRunner:
         self._set_training(False)
         self.net(self.one if single else self.images).asnumpy()
 
+    def export_onnx(self, folder: str, batch: int, size: int) -> List[str]:
+        """The network in inference mode as ONNX files for batch 1 and `batch` (ONNX batches are fixed)."""
+        from export import export_network
+        self._set_training(False)
+        return [export_network(self.net, file_name=f"{self.name}_b{n}", file_format="ONNX", batch_size=n,
+                               height=size, width=size, staging=folder) for n in (1, batch)]
+
 
 class TorchRunner:
     """The same ResNet, SGD with momentum and cross-entropy in PyTorch eager fp32."""
@@ -133,8 +145,34 @@ class TorchRunner:
             self.net(self.one if single else self.images)
 
 
+class OnnxRunner:
+    """The MindSpore network exported to ONNX (batch 1 and batch N files), run by onnxruntime with
+    the session predict.py uses; inference only."""
+
+    name = "onnxruntime"
+    trains = False
+
+    def __init__(self, files: Sequence[str], threads: int):
+        from src.inference import onnx_session
+        start = time.perf_counter()
+        self.sessions = [onnx_session(path, threads) for path in files]  # batch 1, then batch N
+        self.build_s = time.perf_counter() - start
+        rng = np.random.default_rng(0)
+        self.inputs = [{session.get_inputs()[0].name: rng.random(session.get_inputs()[0].shape, dtype=np.float32)}
+                       for session in self.sessions]
+
+    def compile_seconds(self) -> float:
+        return round(self.build_s, 2)  # session creation: graph optimization and kernel selection
+
+    def eval_step(self, single: bool) -> None:
+        index = 0 if single else 1
+        self.sessions[index].run(None, self.inputs[index])
+
+
 def measure_runner(runner, batch: int, *, steps: int, repeats: int, calls: int) -> Dict:
-    result = {"train_compute_img_per_s": median_rate(runner.train_step, batch, steps=steps, repeats=repeats)}
+    result = {}
+    if getattr(runner, "trains", True):
+        result["train_compute_img_per_s"] = median_rate(runner.train_step, batch, steps=steps, repeats=repeats)
     for label, single in (("eval_batch_1", True), (f"eval_batch_{batch}", False)):
         runner.eval_step(single)  # warm-up (compiles the inference graph once)
         result[label] = latency(lambda: runner.eval_step(single), 1 if single else batch, calls)
@@ -179,6 +217,120 @@ def end_to_end_rate(runner: MindSporeRunner, dataset: str, path: str, batch: int
     return round(batch * steps / (time.perf_counter() - start), 2)
 
 
+PHOTO_SIZE, PHOTO_RESIZE = 224, 256  # the ImageNet pipelines: train crop and eval center crop, eval short side
+
+
+def native_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
+    """MindSpore's C++ ImageNet pipeline as the model zoo builds it (for comparison only): decode
+    with the random crop, flip, normalize, HWC->CHW; eval: decode, resize 256, center crop 224."""
+    import mindspore as ms
+    import mindspore.dataset as ds
+    import mindspore.dataset.transforms as transforms
+    import mindspore.dataset.vision as vision
+
+    from src.dataset import IMAGENET_MEAN, IMAGENET_STD
+    data = ds.ImageFolderDataset(path, num_parallel_workers=workers, shuffle=training)
+    if training:
+        ops = [vision.RandomCropDecodeResize(PHOTO_SIZE, scale=(0.08, 1.0), ratio=(0.75, 1.333)),
+               vision.RandomHorizontalFlip(prob=0.5)]
+    else:
+        ops = [vision.Decode(), vision.Resize(PHOTO_RESIZE), vision.CenterCrop(PHOTO_SIZE)]
+    ops += [vision.Normalize(mean=[m * 255 for m in IMAGENET_MEAN], std=[s * 255 for s in IMAGENET_STD]),
+            vision.HWC2CHW()]
+    data = data.map(operations=ops, input_columns="image", num_parallel_workers=workers)
+    data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label", num_parallel_workers=workers)
+    return data.batch(batch, drop_remainder=True)
+
+
+def our_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
+    """This repository's pipeline on the same folder."""
+    from src.dataset import create_dataset
+    return create_dataset("imagenet2012", path, training=training, batch_size=batch, image_size=PHOTO_SIZE,
+                          num_parallel_workers=workers)
+
+
+def dataset_rate(data, batches: int) -> float:
+    """img/s of a batched dataset over `batches` batches after one start-up batch (epochs repeat)."""
+    iterator = data.repeat(-1).create_tuple_iterator(num_epochs=1, output_numpy=True)
+    next(iterator)
+    start, images = time.perf_counter(), 0
+    for _ in range(batches):
+        images += len(next(iterator)[1])
+    return round(images / (time.perf_counter() - start), 1)
+
+
+PIPELINES = {"ours": our_imagenet_dataset, "native": native_imagenet_dataset}
+
+
+def measure_pipelines(path: str, *, batch: int, workers: int, batches: int, repeats: int) -> Dict[str, float]:
+    """img/s of our and the native pipeline, train and eval, alternating repeat by repeat (medians)."""
+    rates: Dict[str, List[float]] = {}
+    for _ in range(repeats):
+        for name, build in PIPELINES.items():
+            for phase in ("train", "eval"):
+                data = build(path, training=phase == "train", batch=batch, workers=workers)
+                rates.setdefault(f"{name}_{phase}", []).append(dataset_rate(data, batches))
+    return {key: round(float(np.median(values)), 1) for key, values in rates.items()}
+
+
+def serve_pipelines(args: argparse.Namespace) -> int:
+    """A measuring process for the ImageNet pipelines, confined to its first --cores cores."""
+    cores = sorted(os.sched_getaffinity(0))[:args.cores]
+    os.sched_setaffinity(0, cores)  # threads started from here on inherit the mask
+    batches = max(2, 2 * args.photos // args.photo_batch)
+    result = measure_pipelines(args.photo_dir, batch=args.photo_batch, workers=args.workers, batches=batches,
+                               repeats=args.repeats)
+    print(REPLY + json.dumps({"cores": len(cores), "workers": args.workers, **result}), flush=True)
+    return 0
+
+
+def pipeline_settings() -> List[Tuple[int, int]]:
+    """(cores, workers) to measure: one worker pinned to one core, then 1 and 2 workers on 2 cores."""
+    from src.device import available_cores
+    return [(1, 1)] + ([(2, 1), (2, 2)] if available_cores() >= 2 else [])
+
+
+def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
+    """Our ImageNet pipeline against the native one on the same photograph-like JPEGs, per core."""
+    from src.photo_data import describe_files, write_photo_folder
+    folder = os.path.join(data_root, "photos")
+    files = describe_files(write_photo_folder(folder, args.photos))
+    rows = []
+    for cores, workers in pipeline_settings():
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "pipelines", "--photo_dir", folder,
+                   "--photos", str(args.photos), "--photo_batch", str(args.photo_batch), "--cores", str(cores),
+                   "--workers", str(workers), "--repeats", str(args.repeats)]
+        row = _reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
+                                       cwd=os.path.dirname(os.path.abspath(__file__))), "pipelines")
+        row["train_ours_over_native"] = round(row["ours_train"] / row["native_train"], 3)
+        row["eval_ours_over_native"] = round(row["ours_eval"] / row["native_eval"], 3)
+        rows.append(row)
+    return {"files": files, "batch_size": args.photo_batch, "image_size": PHOTO_SIZE, "rows": rows}
+
+
+def _reply_of(result: subprocess.CompletedProcess, what: str) -> Dict:
+    for line in result.stdout.splitlines():
+        if line.startswith(REPLY):
+            return json.loads(line[len(REPLY):])
+    raise RuntimeError(f"the {what} benchmark process ended without a result (exit {result.returncode})")
+
+
+def format_pipeline_table(section: Dict) -> str:
+    files = section["files"]
+    lines = [f"ImageNet input pipelines, {files['files']} generated photographs (mean {files['mean_file_kb']} KB, "
+             f"PIL full decode {files['pil_decode_ms']} ms/image), batch {section['batch_size']}, "
+             f"{section['image_size']}px, float32 out",
+             f"  {'cores / workers':<18}{'ours train':>12}{'native train':>14}{'ratio':>8}"
+             f"{'ours eval':>12}{'native eval':>14}{'ratio':>8}"]
+    for row in section["rows"]:
+        setting = f"{row['cores']} / {row['workers']}" + (" (pinned)" if row["cores"] == 1 else "")
+        lines.append(f"  {setting:<18}{row['ours_train']:>12}{row['native_train']:>14}"
+                     f"{row['train_ours_over_native']:>8}{row['ours_eval']:>12}{row['native_eval']:>14}"
+                     f"{row['eval_ours_over_native']:>8}")
+    lines.append("  img/s; ratio: ours / native (MindSpore's C++ pipeline as the model zoo builds it)")
+    return "\n".join(lines) + "\n"
+
+
 REPLY = "BENCHMARK-REPLY "
 
 
@@ -190,6 +342,8 @@ def serve(args: argparse.Namespace) -> int:
         from src.device import init_device
         init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads)
         runner = MindSporeRunner(args.net, args.batch_size, args.image_size)
+    elif args.worker == "onnxruntime":
+        runner = OnnxRunner(args.onnx_files.split(","), args.threads)
     else:
         runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads)
 
@@ -201,6 +355,8 @@ def serve(args: argparse.Namespace) -> int:
         command, _, argument = line.strip().partition(" ")
         if command == "measure":
             reply(measure_runner(runner, args.batch_size, steps=args.steps, repeats=1, calls=args.calls))
+        elif command == "export":
+            reply({"onnx_files": runner.export_onnx(argument, args.batch_size, args.image_size)})
         elif command == "data":
             paths = json.loads(argument)
             batches = max(4, args.steps)
@@ -217,10 +373,11 @@ def serve(args: argparse.Namespace) -> int:
 class Worker:
     """The orchestrator's handle on a measuring process."""
 
-    def __init__(self, framework: str, net_name: str, batch: int, size: int, args: argparse.Namespace):
+    def __init__(self, framework: str, net_name: str, batch: int, size: int, args: argparse.Namespace,
+                 extra: Sequence[str] = ()):
         command = [sys.executable, os.path.abspath(__file__), "--worker", framework, "--net", net_name,
                    "--batch_size", str(batch), "--image_size", str(size), "--threads", str(args.threads),
-                   "--workers", str(args.workers), "--steps", str(args.steps), "--calls", str(args.calls)]
+                   "--workers", str(args.workers), "--steps", str(args.steps), "--calls", str(args.calls), *extra]
         self.framework = framework
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         cwd=os.path.dirname(os.path.abspath(__file__)))
@@ -256,6 +413,11 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     try:
         for framework in ("mindspore", "torch") if args.vs_torch else ("mindspore",):
             workers.append(Worker(framework, net_name, batch, size, args))
+        if importlib.util.find_spec("onnxruntime") is not None:
+            folder = os.path.join(data_root, f"onnx_{net_name}_{batch}_{size}")
+            os.makedirs(folder)
+            files = workers[0].ask("export " + folder)["onnx_files"]
+            workers.append(Worker("onnxruntime", net_name, batch, size, args, ["--onnx_files", ",".join(files)]))
         rounds: Dict[str, List[Dict]] = {worker.framework: [] for worker in workers}
         for _ in range(args.repeats):
             for worker in workers:
@@ -294,6 +456,12 @@ def _ratios(report: Dict) -> Dict[str, float]:
             if label.startswith("eval_batch_"):
                 ratios[f"{label}_mindspore_over_torch"] = round(
                     ms_result[label]["img_per_s"] / torch_result[label]["img_per_s"], 3)
+    for label in report.get("onnxruntime", {}):
+        if label.startswith("eval_batch_"):
+            for other in ("mindspore", "torch"):
+                if other in report:
+                    ratios[f"{label}_onnxruntime_over_{other}"] = round(
+                        report["onnxruntime"][label]["img_per_s"] / report[other][label]["img_per_s"], 3)
     return ratios
 
 
@@ -325,8 +493,27 @@ def format_table(reports: List[Dict]) -> str:
         for name, value in r["pipeline_img_per_s"].items():
             row(f"pipeline img/s ({name})", value, None, r["ratios"][f"pipeline_{name}_over_training"])
         lines.append("  ratio: MindSpore / PyTorch; for the pipeline rows, pipeline img/s / MindSpore training img/s")
+        if "onnxruntime" in r:
+            lines += _deployment_rows(r)
         lines.append("")
     return "\n".join(lines)
+
+
+def _deployment_rows(r: Dict) -> List[str]:
+    """CPU inference paths side by side: MindSpore, PyTorch eager, the ONNX export under onnxruntime."""
+    paths = [name for name in ("mindspore", "torch", "onnxruntime") if name in r]
+    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime"}
+    lines = [f"  {'CPU inference (eval mode)':<38}" + "".join(f"{titles[p]:>14}" for p in paths)
+             + "".join(f"{'ort/' + titles[p]:>16}" for p in paths[:-1])]
+    for label in [k for k in r["onnxruntime"] if k.startswith("eval_batch_")]:
+        values = [r[p][label]["img_per_s"] for p in paths]
+        ratios = [r["ratios"][f"{label}_onnxruntime_over_{p}"] for p in paths[:-1]]
+        lines.append(f"  {label.replace('_', ' ') + ' img/s':<38}" + "".join(f"{v:>14}" for v in values)
+                     + "".join(f"{v:>16}" for v in ratios))
+        lines.append(f"  {label.replace('_', ' ') + ' p50 ms':<38}"
+                     + "".join(f"{r[p][label]['latency_ms']['p50']:>14.1f}" for p in paths))
+    lines.append(f"  onnxruntime: the ONNX export (export.py) in the session predict.py uses, {r['threads']} threads")
+    return lines
 
 
 def positive_int(text: str) -> int:
@@ -354,7 +541,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--calls", type=positive_int, default=20, help="timed calls per latency measurement")
     parser.add_argument("--vs-torch", dest="vs_torch", action="store_true", help="also run PyTorch eager")
     parser.add_argument("--json", default=None, help="write the report here")
-    parser.add_argument("--worker", choices=("mindspore", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--photos", type=positive_int, default=256,
+                        help="generated photographs for the ImageNet pipeline comparison")
+    parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
+    parser.add_argument("--worker", choices=("mindspore", "torch", "onnxruntime", "pipelines"), help=argparse.SUPPRESS)
+    parser.add_argument("--photo_dir", help=argparse.SUPPRESS)
+    parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--onnx_files", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.worker:  # the measuring processes get checked values; the torch one must not load MindSpore
         from src.device import available_cores, cap_workers
@@ -365,11 +558,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         args.workers, note = cap_workers(args.workers)
         if note:
             print(note.replace("num_parallel_workers", "--workers"), flush=True)
+        if args.photo_batch > args.photos:
+            parser.error(f"argument --photo_batch: {args.photo_batch} is more than --photos {args.photos}; "
+                         f"lower it or generate more photographs")
     return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.worker == "pipelines":
+        return serve_pipelines(args)
     if args.worker:
         return serve(args)
     if args.vs_torch and importlib.util.find_spec("torch") is None:
@@ -380,10 +578,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="benchmark-") as data_root:
         for net_name, batch, size in configs:
             reports.append(benchmark(net_name, batch, size, args, data_root))
+        pipelines = benchmark_pipelines(args, data_root)
     print(format_table(reports))
+    print(format_pipeline_table(pipelines))
     if args.json:
         from src.config import write_atomic
-        write_atomic(args.json, json.dumps({"reports": reports}, indent=2) + "\n")
+        write_atomic(args.json, json.dumps({"reports": reports, "imagenet_pipelines": pipelines}, indent=2) + "\n")
         print(f"report written to {args.json}")
     return 0
 

@@ -13,6 +13,9 @@ the last line on stdout is one JSON object: {"model", "dataset", "image_size", "
 Class names come from --labels (a text file with one name per line, a folder of class folders
 or a CIFAR-10 folder with batches.meta.txt); without it, classes are shown by index.
 ONNX files (a fixed batch) run in batches of their exported size, the last one padded.
+For CPU inference, export ONNX: it runs through onnxruntime, on --threads threads (default: one per
+core this process may use), about 2-3x faster than MindSpore or PyTorch eager on the same CPU
+(benchmark.py measures it).
 """
 import argparse
 import json
@@ -49,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top_k", type=int, default=5, help="how many classes to show per image (default 5)")
     parser.add_argument("--batch_size", type=int, default=32,
                         help="images per run for a dynamic-batch MINDIR (fixed-batch files use their own)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="onnxruntime threads for ONNX files (default 0: one per available core)")
     parser.add_argument("--device_target", default="CPU", choices=DEVICE_TARGETS,
                         help="where MindSpore runs a MINDIR file (default CPU)")
     return parser
@@ -87,13 +92,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UserInputError("--top_k and --batch_size must be positive")
     if args.resize_size < 0:
         raise UserInputError(f"--resize_size must be >= 0 (0: image_size / 0.875), got {args.resize_size}")
+    if args.threads < 0:
+        raise UserInputError(f"--threads must be 0 (one per available core) or positive, got {args.threads}")
     file_format = file_format_of(args.model)
     paths = list_images(args.images, IMAGE_EXTENSIONS)
     names: Optional[List[str]] = read_class_names(args.labels) if args.labels else None
     if file_format == "ONNX":
         require_onnxruntime()
     init_device(args.device_target, mode_name="GRAPH")
-    model = ExportedModel(args.model)
+    model = ExportedModel(args.model, threads=args.threads)
     image_size = resolve_image_size(model, args.image_size)
     # Chunk by chunk, so a folder of 50,000 images never sits in memory at once.
     chunk = args.batch_size * 16

@@ -21,11 +21,11 @@ import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
 
 from src.auto_augment import create_policy, interpolation_mode
+from src.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
 from src.batch_mixing import check_mixing, mix_batch
 from src.device import worker_budget
-from src.bad_samples import (UNREADABLE_ERRORS, BadSampleLog, UnreadableImageError, bad_sample_limit, reason_of,
-                             sample_name)
 from src.errors import UserInputError
+from src.image_decode import crop_resize, open_image
 from src.random_erasing import erase, erase_box
 
 DATASETS = ("cifar10", "imagenet2012")
@@ -142,12 +142,8 @@ class ImageFolderSource:
         return len(self.paths)
 
     def load(self, index: int) -> Image.Image:
-        path = self.paths[index]
-        try:
-            image = Image.open(path)
-            return image.convert("RGB")
-        except (OSError, ValueError) as err:
-            raise UnreadableImageError(path, str(err)) from None
+        """The image, opened lazily: the transform decodes only what its crop needs."""
+        return open_image(self.paths[index])
 
 
 def _require_folder(path: str) -> None:
@@ -205,10 +201,8 @@ def folder_train_transform(image: Image.Image, size: int, rng: np.random.Generat
                            interpolation: str = "bilinear") -> np.ndarray:
     """ImageNet augmentation: random resized crop to size x size, flip half the time."""
     left, top, crop_w, crop_h = random_resized_crop_box(image.width, image.height, rng)
-    image = image.resize((size, size), pil_interpolation(interpolation), box=(left, top, left + crop_w, top + crop_h))
-    if rng.random() < 0.5:
-        image = image.transpose(Image.FLIP_LEFT_RIGHT)
-    return np.asarray(image)
+    array = crop_resize(image, (left, top, left + crop_w, top + crop_h), (size, size), pil_interpolation(interpolation))
+    return array[:, ::-1] if rng.random() < 0.5 else array
 
 
 def folder_eval_transform(image: Image.Image, size: int, resize_size: int = 0,
@@ -218,9 +212,11 @@ def folder_eval_transform(image: Image.Image, size: int, resize_size: int = 0,
     short = eval_resize_side(size, resize_size)
     scale = short / min(image.width, image.height)
     resized_w, resized_h = max(size, round(image.width * scale)), max(size, round(image.height * scale))
-    image = image.resize((resized_w, resized_h), pil_interpolation(interpolation))
     left, top = (resized_w - size) // 2, (resized_h - size) // 2
-    return np.asarray(image.crop((left, top, left + size, top + size)))
+    # The crop's box in the original image: resizing only it gives the pixels of resize-then-crop.
+    scale_x, scale_y = resized_w / image.width, resized_h / image.height
+    box = (left / scale_x, top / scale_y, (left + size) / scale_x, (top + size) / scale_y)
+    return crop_resize(image, box, (size, size), pil_interpolation(interpolation))
 
 
 class AugmentedSource:

@@ -23,6 +23,18 @@ def require_onnxruntime():
     return require_module("onnxruntime", needed_for="running ONNX files", install_hint=ONNXRUNTIME_HINT)
 
 
+def onnx_session(path: str, threads: int = 0):
+    """An onnxruntime CPU session for `path` with `threads` compute threads (0: one per core this
+    process may use; onnxruntime's own default counts the machine's cores, ignoring affinity and
+    container limits) and all graph optimizations. benchmark.py measures exactly this session."""
+    ort = require_onnxruntime()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+    options.inter_op_num_threads = 1  # a ResNet is one chain of operators: nothing to run side by side
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+
+
 def file_format_of(path: str) -> str:
     """'MINDIR' or 'ONNX' from the file name; anything else is a clear error."""
     fmt = EXTENSIONS.get(os.path.splitext(path)[1].lower())
@@ -48,23 +60,24 @@ def mindir_input_shape(path: str) -> Optional[Shape]:
 
 
 class ExportedModel:
-    """An exported classifier: `run(batch)` gives logits; `input_shape` is (batch|None, C, H, W)."""
+    """An exported classifier: `run(batch)` gives logits; `input_shape` is (batch|None, C, H, W).
+    ONNX files run on `threads` onnxruntime threads (0: one per available core)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, threads: int = 0):
         if not os.path.isfile(path):
             raise UserInputError(f"model file not found: {path}; pass the file export.py wrote")
         self.path = path
         self.file_format = file_format_of(path)
         self.input_shape: Optional[Shape] = None
         if self.file_format == "ONNX":
-            self._load_onnx(path)
+            self._load_onnx(path, threads)
         else:
             self._load_mindir(path)
 
-    def _load_onnx(self, path: str) -> None:
-        ort = require_onnxruntime()
+    def _load_onnx(self, path: str, threads: int) -> None:
+        require_onnxruntime()
         try:
-            self._session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+            self._session = onnx_session(path, threads)
         except Exception as err:  # onnxruntime raises its own exception types
             raise UserInputError(f"onnxruntime cannot load {path} ({_first_line(err)}); "
                                  f"export the model again") from None

@@ -9,26 +9,42 @@ from conftest import PYTHON, run
 def test_benchmark_writes_every_field(tmp_path):
     report_path = tmp_path / "bench.json"
     result = run([PYTHON, "benchmark.py", "--net", "resnet18", "--batch_size", "2", "--image_size", "32",
-                  "--steps", "1", "--repeats", "1", "--calls", "2", "--vs-torch", "--json", str(report_path)])
+                  "--steps", "1", "--repeats", "1", "--calls", "2", "--vs-torch", "--photos", "6",
+                  "--photo_batch", "3", "--json", str(report_path)])
     assert result.returncode == 0, result.stderr[-3000:]
-    (report,) = json.loads(report_path.read_text())["reports"]
+    written = json.loads(report_path.read_text())
+    (report,) = written["reports"]
     assert {report["net"], report["batch_size"], report["image_size"]} == {"resnet18", 2, 32}
-    for framework in ("mindspore", "torch"):
+    for framework in ("mindspore", "torch", "onnxruntime"):
         measured = report[framework]
-        assert measured["compile_s"] >= 0 and measured["train_compute_img_per_s"] > 0
+        assert measured["compile_s"] >= 0
+        assert (framework == "onnxruntime") == ("train_compute_img_per_s" not in measured)
         for label in ("eval_batch_1", "eval_batch_2"):
             assert measured[label]["img_per_s"] > 0
             latency = measured[label]["latency_ms"]
             assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"]
+    assert report["mindspore"]["train_compute_img_per_s"] > 0 and report["torch"]["train_compute_img_per_s"] > 0
     assert set(report["mindspore"]["train_end_to_end_img_per_s"]) == {"cifar10", "imagenet2012"}
     assert all(v > 0 for v in report["mindspore"]["train_end_to_end_img_per_s"].values())
     assert set(report["pipeline_img_per_s"]) == {"cifar10", "imagenet2012"}
     assert set(report["ratios"]) == {"pipeline_cifar10_over_training", "pipeline_imagenet2012_over_training",
                                      "train_mindspore_over_torch", "eval_batch_1_mindspore_over_torch",
-                                     "eval_batch_2_mindspore_over_torch"}
+                                     "eval_batch_2_mindspore_over_torch", "eval_batch_1_onnxruntime_over_mindspore",
+                                     "eval_batch_1_onnxruntime_over_torch", "eval_batch_2_onnxruntime_over_mindspore",
+                                     "eval_batch_2_onnxruntime_over_torch"}
+    pipelines = written["imagenet_pipelines"]
+    assert pipelines["files"]["files"] == 6 and pipelines["batch_size"] == 3 and pipelines["image_size"] == 224
+    assert pipelines["files"]["mean_file_kb"] > 20 and pipelines["files"]["pil_decode_ms"] > 0
+    assert [(row["cores"], row["workers"]) for row in pipelines["rows"]][0] == (1, 1)  # the per-core row first
+    for row in pipelines["rows"]:
+        rates = [row[f"{name}_{phase}"] for name in ("ours", "native") for phase in ("train", "eval")]
+        assert all(rate > 0 for rate in rates)
+        assert row["train_ours_over_native"] == round(row["ours_train"] / row["native_train"], 3)
+        assert row["eval_ours_over_native"] == round(row["ours_eval"] / row["native_eval"], 3)
 
 
-@pytest.mark.parametrize("args", [["--net", "resnet99"], ["--batch_size", "0"]])
+@pytest.mark.parametrize("args", [["--net", "resnet99"], ["--batch_size", "0"],
+                                  ["--photo_batch", "64", "--photos", "8"]])
 def test_bad_arguments_stop_before_measuring(tmp_path, args):
     report_path = tmp_path / "bench.json"
     result = run([PYTHON, "benchmark.py", *args, "--json", str(report_path)])

@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from src.dataset import (CIFAR_MEAN, CIFAR_RECORD_BYTES, CIFAR_STD, EpochSampler, ImageFolderSource,
-                         create_dataset, create_source, preprocess_eval_image, set_start_epoch)
+                         create_dataset, create_source, folder_eval_transform, preprocess_eval_image,
+                         set_start_epoch)
 from src.errors import UserInputError, user_error_message
 
 N_TRAIN, N_TEST = 200, 101
@@ -336,6 +337,16 @@ def test_truncated_jpeg(tmp_path):
     path.write_bytes(path.read_bytes()[:300])
     with pytest.raises(UserInputError, match="cut.jpg"):
         ImageFolderSource(str(tmp_path), training=False).load(0)
+
+
+def test_jpeg_cut_inside_its_pixel_data_is_named_when_decoded(tmp_path):
+    (tmp_path / "a").mkdir()
+    path = tmp_path / "a" / "cut.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(path)
+    path.write_bytes(path.read_bytes()[:-2000])
+    image = ImageFolderSource(str(tmp_path), training=False).load(0)  # opened lazily: the header is whole
+    with pytest.raises(UserInputError, match="cut.jpg"):
+        folder_eval_transform(image, 32)
 
 
 @pytest.mark.parametrize("name,fixture", [("cifar10", "cifar_dir"), ("imagenet2012", "folder_dir")])

@@ -237,6 +237,7 @@ def test_predict_user_errors_are_one_line(exported, tmp_path):
     (["{model}", "{missing}", "--dataset", "cifar10"], "image not found"),
     (["{model}", "{image}", "--dataset", "cifar10", "--top_k", "0"], "--top_k"),
     (["{model}", "{image}", "--dataset", "imagenet2012", "--resize_size", "-1"], "--resize_size"),
+    (["{model}", "{image}", "--dataset", "cifar10", "--threads", "-1"], "--threads"),
     (["{model}", "{image}", "--dataset", "cifar10", "--labels", "{missing}"], "labels not found"),
     (["{air}", "{image}", "--dataset", "cifar10"], "Ascend"),
 ])
