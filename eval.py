@@ -30,7 +30,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size)
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
-    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}")
+    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
+                      use_ema=cfg.use_ema)
     result = evaluate(net, dataset, num_classes=cfg.class_num, group_size=group_size)
     print(json.dumps({**result, "checkpoint": cfg.checkpoint_file_path, "net_name": cfg.net_name,
                       "dataset": cfg.dataset, "rank": rank}), flush=True)

@@ -105,7 +105,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     init_device(cfg.device_target, device_id=cfg.device_id, mode_name="GRAPH")
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
-    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}")
+    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
+                      use_ema=cfg.use_ema)
     net.set_train(False)
 
     file_name = cfg.file_name or cfg.net_name

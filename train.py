@@ -27,9 +27,10 @@ from src.errors import UserInputError, run_cli
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
 from src.optimizer import create_optimizer
-from src.precision import create_loss_scale_manager, optimizer_loss_scale, resolve_amp_level
+from src.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.resnet import create_model
 from src.run_record import RunRecord
+from src.train_step import NetWithLoss, TrainStep, check_ema_decay, ema_schedule
 
 
 def seed_everything(seed: int) -> None:
@@ -41,7 +42,9 @@ def seed_everything(seed: int) -> None:
 
 
 def create_train_dataset(cfg: Config, rank: int, group_size: int):
-    return create_dataset(cfg.dataset, cfg.data_path, training=True, batch_size=cfg.batch_size,
+    # One batch feeds one optimizer step: grad_accumulation_steps micro-batches of batch_size.
+    return create_dataset(cfg.dataset, cfg.data_path, training=True,
+                          batch_size=cfg.batch_size * cfg.grad_accumulation_steps,
                           image_size=cfg.train_image_size, class_num=cfg.class_num,
                           num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size,
                           shard_id=rank, seed=cfg.seed)
@@ -115,26 +118,49 @@ def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
                              f"of {steps_per_epoch} steps)")
 
 
-def create_train_model(cfg: Config, net, lrs: np.ndarray) -> Model:
-    """Loss, optimizer, mixed precision and loss scaling around `net`."""
+def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: int, group_size: int) -> Model:
+    """The training step around `net` (loss, mixed precision, loss scaling, accumulation, clipping,
+    optimizer, EMA), run by a Model."""
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
-    loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale, cfg.device_target)
+    loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
+    if cfg.model_ema:
+        check_ema_decay(cfg.model_ema_decay)
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
     optimizer = create_optimizer(net, name=cfg.optimizer, learning_rate=lrs, weight_decay=cfg.weight_decay,
-                                 momentum=cfg.momentum,
-                                 loss_scale=optimizer_loss_scale(loss_scale_manager, cfg.loss_scale))
-    return Model(net, loss_fn=loss, optimizer=optimizer, amp_level=amp_level, loss_scale_manager=loss_scale_manager)
+                                 momentum=cfg.momentum, norm_weight_decay=cfg.norm_weight_decay,
+                                 bias_weight_decay=cfg.bias_weight_decay, use_nesterov=cfg.use_nesterov,
+                                 lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
+    ema = ema_schedule(decay=cfg.model_ema_decay, every=cfg.model_ema_steps, world_size=group_size,
+                       batch_size=cfg.batch_size, accumulation_steps=cfg.grad_accumulation_steps,
+                       epochs=cfg.epoch_size, warmup_epochs=int(cfg.warmup_epochs),
+                       steps_per_epoch=steps_per_epoch) if cfg.model_ema else None
+    step = TrainStep(NetWithLoss(mixed_precision_network(net, amp_level), loss), optimizer, net=net,
+                     loss_scale=loss_scale_manager.get_loss_scale() if loss_scale_manager else 1.0,
+                     scale_update=loss_scale_manager.get_update_cell() if loss_scale_manager else None,
+                     accumulation_steps=cfg.grad_accumulation_steps, micro_batch=cfg.batch_size,
+                     clip_grad_norm=cfg.clip_grad_norm, ema=ema)
+    return Model(step)
 
 
-def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: int, steps_per_epoch: int,
-                     lrs: np.ndarray, first_step: int, eval_dataset, record: Optional[RunRecord], log) -> list:
+def create_ema_twin(cfg: Config):
+    """A second network, in the same precision, that evaluation loads the EMA weights into."""
+    twin = create_model(cfg.net_name, num_classes=cfg.class_num)
+    mixed_precision_network(twin, resolve_amp_level(cfg.amp_level, cfg.device_target))
+    return twin
+
+
+def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, group_size: int,
+                     steps_per_epoch: int, lrs: np.ndarray, first_step: int, eval_dataset,
+                     record: Optional[RunRecord], log) -> list:
     """Logging, evaluation, checkpoints, the run record and profiling; files from rank 0 only."""
+    ema_params = model.train_network.ema_params if cfg.model_ema else None
     callbacks = [TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
-                              global_batch=cfg.batch_size * group_size, lrs=lrs, log_interval=cfg.log_interval,
-                              first_step=first_step, record=record, log=log)]
+                              global_batch=cfg.batch_size * cfg.grad_accumulation_steps * group_size, lrs=lrs,
+                              log_interval=cfg.log_interval, first_step=first_step, record=record, log=log)]
     if eval_dataset is not None:
-        callbacks.append(EvalMonitor(net=net, dataset=eval_dataset, num_classes=cfg.class_num,
+        callbacks.append(EvalMonitor(net=net, ema_net=create_ema_twin(cfg) if cfg.model_ema else None,
+                                     ema_params=ema_params, dataset=eval_dataset, num_classes=cfg.class_num,
                                      group_size=group_size, epoch_size=cfg.epoch_size,
                                      eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
                                      best_folder=folder if cfg.save_best_ckpt and rank == 0 else None,
@@ -149,7 +175,7 @@ def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: in
     if cfg.enable_profiling:
         callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),
                                          device_target=cfg.device_target, steps=cfg.profile_steps))
-    callbacks.append(FinalState(net=net, folder=folder, rank=rank, first_step=first_step))
+    callbacks.append(FinalState(net=net, ema_params=ema_params, folder=folder, rank=rank, first_step=first_step))
     return callbacks
 
 
@@ -171,7 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_sink_size(cfg, steps_per_epoch)
     eval_dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size) if cfg.run_eval else None
     lrs = create_schedule(cfg, steps_per_epoch)
-    model = create_train_model(cfg, net, lrs)
+    model = create_train_model(cfg, net, lrs, steps_per_epoch=steps_per_epoch, group_size=group_size)
 
     # Everything that can be wrong with the input is checked above; only now is anything written.
     resume_from = resume_checkpoint(cfg, folder, steps_per_epoch)
@@ -187,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.makedirs(folder, exist_ok=True)
         save_config(cfg, os.path.join(folder, "config.yaml"))
         record = RunRecord(folder, resume_step=first_step if resume_from else None)
-    callbacks = create_callbacks(cfg, net=net, folder=folder, rank=rank, group_size=group_size,
+    callbacks = create_callbacks(cfg, net=net, model=model, folder=folder, rank=rank, group_size=group_size,
                                  steps_per_epoch=steps_per_epoch, lrs=lrs, first_step=first_step,
                                  eval_dataset=eval_dataset, record=record, log=log)
 

@@ -11,11 +11,14 @@ from mindspore import Parameter, nn
 
 from src.errors import UserInputError
 
-# Keys a training checkpoint holds besides the network: optimizer slots and counters.
-OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accum.", "accu_grads.")
+# Keys a training checkpoint holds besides the network: optimizer slots and counters, and the
+# EMA of the weights (`ema.<parameter name>`, written by the train step with model_ema on).
+OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accum.", "accu_grads.", "stat.")
+EMA_PREFIX = "ema."
+STEP_COUNTER = "train_steps"  # the train step's count of optimizer steps (times the EMA updates)
 STATE_SCALARS = {"global_step", "learning_rate", "momentum", "beta1_power", "beta2_power",
                  "scale_sense", "current_iterator_step", "last_overflow_iterator_step",
-                 "epoch_num", "step_num", "top_1_accuracy"}
+                 "epoch_num", "step_num", "top_1_accuracy", STEP_COUNTER}
 CHECKPOINT_NAME = re.compile(r"^(?P<net>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 BEST_NAME = "best.ckpt"
 MAX_LISTED = 8
@@ -93,7 +96,12 @@ def _framework_errors_silenced():
 
 def is_training_state(name: str) -> bool:
     """True for optimizer slots and training counters (of this repo's and the model zoo's checkpoints)."""
-    return name in STATE_SCALARS or name.startswith(OPTIMIZER_PREFIXES)
+    return name in STATE_SCALARS or name.startswith(OPTIMIZER_PREFIXES + (EMA_PREFIX,))
+
+
+def ema_part(params: Dict[str, Parameter]) -> Dict[str, Parameter]:
+    """The EMA weights of a checkpoint under the network's own names ({} when it holds none)."""
+    return {name[len(EMA_PREFIX):]: value for name, value in params.items() if name.startswith(EMA_PREFIX)}
 
 
 def network_part(params: Dict[str, Parameter]) -> Dict[str, Parameter]:
@@ -124,11 +132,19 @@ def raise_if_mismatched(problems: Dict[str, List[str]], path: str, what: str, hi
         raise UserInputError(f"checkpoint {path} does not fit {what}: {'; '.join(parts)}; {hint}")
 
 
-def load_into_network(net: nn.Cell, path: str, what: str = "the network") -> Dict[str, Parameter]:
-    """Load every network parameter from `path`; any mismatch is one error line listing names."""
+def load_into_network(net: nn.Cell, path: str, what: str = "the network",
+                      use_ema: bool = False) -> Dict[str, Parameter]:
+    """Load every network parameter from `path` (its EMA weights with `use_ema`); any mismatch is
+    one error line listing names."""
     params = read_checkpoint(path)
-    raise_if_mismatched(network_mismatches(net, params), path, what, "check net_name and class_num")
-    ms.load_param_into_net(net, network_part(params), strict_load=True)
+    weights = network_part(params)
+    if use_ema:
+        weights = ema_part(params)
+        if not weights:
+            raise UserInputError(f"checkpoint {path} holds no EMA weights (ema.*): it was trained without "
+                                 f"model_ema; drop --use_ema")
+    raise_if_mismatched(network_mismatches(net, weights), path, what, "check net_name and class_num")
+    ms.load_param_into_net(net, weights, strict_load=True)
     return params
 
 
@@ -166,7 +182,7 @@ def restore_training_state(train_network: nn.Cell, params: Dict[str, Parameter],
     missing = [name for name in wanted if name not in params]
     if missing:
         raise UserInputError(f"checkpoint {path} lacks training state {_listed(missing)}: it was saved with "
-                             f"another optimizer or loss scaling; resume with the same config")
+                             f"another optimizer, loss scaling or model_ema; resume with the same config")
     ms.load_param_into_net(train_network, {name: params[name] for name in wanted}, strict_load=True)
 
 

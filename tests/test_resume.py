@@ -83,7 +83,8 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_di
 
 def test_run_record_files_exist_and_parse(uninterrupted):
     rows = read_rows(uninterrupted)
-    assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time"]
+    assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time",
+                             "ema_top_1", "ema_top_5"]
     assert len(rows) == 36 and all(float(r["img_per_s"]) > 0 for r in rows)
     assert [float(r["wall_time"]) for r in rows] == sorted(float(r["wall_time"]) for r in rows)
     with Image.open(uninterrupted / "curves.png") as image:
