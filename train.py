@@ -26,7 +26,7 @@ from src.distributed import (check_fusion_points, fusion_split_points, init_dist
 from src.errors import UserInputError, run_cli
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
-from src.optimizer import create_optimizer
+from src.optimizer import check_optimizer, create_optimizer
 from src.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.resnet import create_model
 from src.run_record import RunRecord
@@ -118,13 +118,19 @@ def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
                              f"of {steps_per_epoch} steps)")
 
 
+def check_step_keys(cfg: Config) -> None:
+    """The optimizer and EMA keys, checked before any work (ranges are checked at load)."""
+    check_optimizer(cfg.optimizer, use_nesterov=cfg.use_nesterov, momentum=cfg.momentum,
+                    lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
+    if cfg.model_ema:
+        check_ema_decay(cfg.model_ema_decay)
+
+
 def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: int, group_size: int) -> Model:
     """The training step around `net` (loss, mixed precision, loss scaling, accumulation, clipping,
     optimizer, EMA), run by a Model."""
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
-    if cfg.model_ema:
-        check_ema_decay(cfg.model_ema_decay)
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
     optimizer = create_optimizer(net, name=cfg.optimizer, learning_rate=lrs, weight_decay=cfg.weight_decay,
@@ -181,6 +187,7 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="train.py")
+    check_step_keys(cfg)
     init_device(cfg.device_target, mode_name=cfg.mode_name,
                 device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
                 processes_per_node=cfg.device_num if cfg.run_distribute else 1)
@@ -217,9 +224,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  steps_per_epoch=steps_per_epoch, lrs=lrs, first_step=first_step,
                                  eval_dataset=eval_dataset, record=record, log=log)
 
+    micro_batches = f" x {cfg.grad_accumulation_steps} micro-batches" if cfg.grad_accumulation_steps > 1 else ""
     log(f"training {cfg.net_name} on {cfg.dataset} ({cfg.data_path}): epochs {start_epoch + 1}..{cfg.epoch_size} x "
-        f"{steps_per_epoch} steps of {cfg.batch_size} x {group_size} rank(s); amp "
+        f"{steps_per_epoch} steps of {cfg.batch_size}{micro_batches} x {group_size} rank(s); amp "
         f"{resolve_amp_level(cfg.amp_level, cfg.device_target)}; run folder {folder}"
+        + (f"; EMA every {cfg.model_ema_steps} steps, alpha {model.train_network.ema_alpha.asnumpy():.6g}"
+           if cfg.model_ema else "")
         + (f"; resumed from {resume_from}" if resume_from else ""))
     if cfg.dataset_sink_mode and cfg.device_target == "CPU":
         log("dataset_sink_mode: MindSpore has no CPU sink, so steps run one by one (logs stay per step)")

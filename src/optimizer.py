@@ -14,7 +14,8 @@ from mindspore import Tensor, nn, ops
 from src.errors import UserInputError
 
 OPTIMIZERS = ("Momentum", "SGD", "Adam", "AdamW", "LARS")
-NESTEROV_OPTIMIZERS = ("Momentum", "SGD", "LARS")
+# torch's Nesterov form, as nn.SGD has it (nn.Momentum's use_nesterov lags it by one step)
+NESTEROV_OPTIMIZERS = ("SGD", "LARS")
 PARAMETER_KINDS = ("weight", "norm", "bias", "other")
 _lars_gradient = ops.MultitypeFuncGraph("lars_gradient")
 
@@ -34,11 +35,11 @@ def _lars_gradient_tensor(coefficient, epsilon, weight_decay, trusted, weight, g
 
 
 class LARS(nn.Cell):
-    """Layer-wise adaptive rate scaling around a Momentum optimizer built without weight decay:
-    each gradient gets its group's weight decay, and conv/dense weights their trust ratio, before
-    Momentum applies it. (MindSpore's nn.LARS needs the LARSUpdate kernel, which CPU lacks.)"""
+    """Layer-wise adaptive rate scaling around momentum SGD built without weight decay: each
+    gradient gets its group's weight decay, and conv/dense weights their trust ratio, before SGD
+    applies it. (MindSpore's nn.LARS needs the LARSUpdate kernel, which CPU lacks.)"""
 
-    def __init__(self, momentum: nn.Momentum, *, weight_decays, trusted, coefficient: float, epsilon: float):
+    def __init__(self, momentum: nn.SGD, *, weight_decays, trusted, coefficient: float, epsilon: float):
         super().__init__(auto_prefix=False)
         self.optimizer = momentum
         self.parameters = momentum.parameters
@@ -110,7 +111,7 @@ def create_optimizer(net: nn.Cell, *, name: str, learning_rate: Union[float, np.
                      norm_weight_decay: float = 0.0, bias_weight_decay: float = 0.0, use_nesterov: bool = False,
                      lars_coefficient: float = 0.001, lars_epsilon: float = 1e-5) -> nn.Cell:
     """Momentum, SGD (torch's momentum SGD), Adam, AdamW (decoupled decay) or LARS (around
-    Momentum) over `net`'s trainable parameters with decay groups. `loss_scale` is divided out of
+    momentum SGD) over `net`'s trainable parameters with decay groups. `loss_scale` is divided out of
     the gradients by the optimizer (1.0 when the train step unscales them itself)."""
     check_optimizer(name, use_nesterov=use_nesterov, momentum=momentum, lars_coefficient=lars_coefficient,
                     lars_epsilon=lars_epsilon)
@@ -127,7 +128,7 @@ def create_optimizer(net: nn.Cell, *, name: str, learning_rate: Union[float, np.
     if name == "LARS":
         return create_lars(net, groups, learning_rate=lr, momentum=momentum, use_nesterov=use_nesterov,
                            loss_scale=loss_scale, coefficient=lars_coefficient, epsilon=lars_epsilon)
-    return nn.Momentum(groups, learning_rate=lr, momentum=momentum, use_nesterov=use_nesterov, loss_scale=loss_scale)
+    return nn.Momentum(groups, learning_rate=lr, momentum=momentum, loss_scale=loss_scale)
 
 
 def create_lars(net: nn.Cell, groups: List[Dict], *, learning_rate, momentum: float, use_nesterov: bool,
@@ -137,7 +138,7 @@ def create_lars(net: nn.Cell, groups: List[Dict], *, learning_rate, momentum: fl
         raise UserInputError("LARS cannot undo a loss scale itself; build it with loss_scale 1.0")
     decay_of = {p.name: group["weight_decay"] for group in groups[:-1] for p in group["params"]}
     undecayed = [{"params": group["params"], "weight_decay": 0.0} for group in groups[:-1]] + groups[-1:]
-    inner = nn.Momentum(undecayed, learning_rate=learning_rate, momentum=momentum, use_nesterov=use_nesterov)
+    inner = nn.SGD(undecayed, learning_rate=learning_rate, momentum=momentum, nesterov=use_nesterov)
     weights = set(decayed_parameter_names(net))
     return LARS(inner, weight_decays=[float(decay_of[p.name]) for p in inner.parameters],
                 trusted=[p.name in weights for p in inner.parameters], coefficient=coefficient, epsilon=epsilon)

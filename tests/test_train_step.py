@@ -8,12 +8,14 @@ import pytest
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from conftest import PYTHON, REPO, run
 from src.checkpoint import EMA_PREFIX
 from src.loss import create_loss
 from src.optimizer import create_optimizer
 from src.resnet import create_model
 from src.train_step import EmaSchedule, NetWithLoss, TrainStep, ema_schedule
 
+CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 IMAGE = 8  # small images keep resnet18 cheap; the step does not care about the size
 
 
@@ -183,3 +185,39 @@ def test_overflow_skips_the_update_and_leaves_nothing_behind(initial):
     # powers of two scale exactly, so the halved scale changes nothing but the skipped step
     assert worst(values(step.ema_params), values(reference.ema_params)) < 1e-7
     assert worst(values(step.optimizer.parameters), values(reference.optimizer.parameters)) < 1e-7
+
+
+BAD_VALUES = [
+    ("grad_accumulation_steps", "0"), ("model_ema_steps", "0"), ("model_ema_decay", "1.0"),
+    ("model_ema_decay", "-0.1"), ("clip_grad_norm", "-1"), ("norm_weight_decay", "-1e-4"),
+    ("bias_weight_decay", "-1e-4"), ("lars_coefficient", "0"), ("lars_epsilon", "-1"),
+    ("optimizer", "Lamb"), ("use_nesterov", "maybe"), ("model_ema", "yes please"),
+]
+
+
+@pytest.mark.parametrize("key,value", BAD_VALUES)
+def test_bad_values_of_the_step_keys_are_errors_naming_the_key(key, value):
+    from src.config import load_config
+    from src.errors import UserInputError
+    from train import check_step_keys
+    extra = ["--model_ema", "True"] if key == "model_ema_decay" else []
+    with pytest.raises(UserInputError, match=key):
+        check_step_keys(load_config(["--config_path", CONFIG, f"--{key}", value] + extra))
+
+
+def test_nesterov_needs_a_momentum_optimizer_and_momentum():
+    from src.config import load_config
+    from src.errors import UserInputError
+    from train import check_step_keys
+    for extra in (["--optimizer", "AdamW"], ["--optimizer", "SGD", "--momentum", "0"]):
+        with pytest.raises(UserInputError, match="use_nesterov"):
+            check_step_keys(load_config(["--config_path", CONFIG, "--use_nesterov", "True"] + extra))
+
+
+def test_train_py_reports_a_bad_step_key_in_one_line_and_writes_nothing(tmp_path, cifar_dir):
+    result = run([PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir), "--output_dir",
+                  str(tmp_path / "out"), "--model_ema", "True", "--model_ema_decay", "1.5"])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model_ema_decay" in lines[0]
+    assert not (tmp_path / "out").exists()
