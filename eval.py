@@ -3,6 +3,7 @@
     python eval.py --config_path config/resnet50_cifar10.yaml --data_path /data/cifar-10-batches-bin \
         --checkpoint_file_path output/resnet50/cifar10/resnet50-90_1562.ckpt
 
+--use_ema True evaluates the checkpoint's EMA weights (ema.*, written with --model_ema True).
 The last line on stdout is one JSON object: top_1_accuracy, top_5_accuracy, loss, samples, checkpoint.
 Under a launcher (--run_distribute True), each rank evaluates its share of the samples and every
 rank reports the totals of the whole split.

@@ -1,10 +1,11 @@
 """Export a trained checkpoint for inference: MINDIR (default), ONNX, or AIR (Ascend only).
 
     python export.py --config_path CONFIG --checkpoint_file_path CKPT [--file_name NAME]
-        [--file_format MINDIR|ONNX|AIR] [--batch_size N] [--width W --height H] [--verify]
+        [--file_format MINDIR|ONNX|AIR] [--batch_size N] [--width W --height H] [--verify] [--use_ema True]
 
-The network is the config's net_name/class_num in inference mode; the input is float32
-(batch, 3, height, width), normalized as in evaluation; height/width default to eval_image_size.
+The network is the config's net_name/class_num in inference mode (with the checkpoint's EMA
+weights under --use_ema True); the input is float32 (batch, 3, height, width), normalized as in
+evaluation; height/width default to eval_image_size.
 The file NAME.mindir|.onnx|.air (default NAME: net_name) is written atomically.
 
 Batch dimension: MINDIR files have a dynamic batch (any size at run time) unless
