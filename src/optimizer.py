@@ -5,7 +5,7 @@ substrings of names: Conv2d/Dense weights take `weight_decay`, BatchNorm gamma/b
 `norm_weight_decay`, Conv2d/Dense biases `bias_weight_decay` (both 0 by default, as before), and
 anything else does not decay. LARS's trust ratio likewise applies to Conv2d/Dense weights only.
 """
-from typing import Dict, List, Union
+from typing import Dict, List, Tuple, Union
 
 import numpy as np
 import mindspore as ms
@@ -32,6 +32,36 @@ def _lars_gradient_tensor(coefficient, epsilon, weight_decay, trusted, weight, g
     ratio = coefficient * w_norm / (g_norm + weight_decay * w_norm + epsilon)
     ratio = ops.select(ops.logical_and(w_norm > 0, g_norm > 0), ratio, ops.ones_like(ratio))
     return decayed * ratio
+
+
+_decoupled_decay = ops.MultitypeFuncGraph("decoupled_decay")
+
+
+@_decoupled_decay.register("Tensor", "Number", "Tensor")
+def _decoupled_decay_tensor(lr, weight_decay, weight):
+    if not weight_decay:
+        return weight
+    return ops.assign(weight, weight - lr * weight_decay * weight)
+
+
+class AdamW(nn.Cell):
+    """torch's AdamW: each weight shrinks by lr x its group's decay, then a bias-corrected Adam step
+    (built without decay) moves it by the gradient alone. (MindSpore's AdamWeightDecay has no bias
+    correction, which makes its first steps about 3x larger.)"""
+
+    def __init__(self, adam: nn.Adam, *, weight_decays):
+        super().__init__(auto_prefix=False)
+        self.optimizer = adam
+        self.parameters = adam.parameters
+        self.weight_decays = tuple(weight_decays)
+        self.dynamic_lr = adam.dynamic_lr
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, grads):
+        adam = self.optimizer
+        lr = adam.learning_rate(adam.global_step).reshape(()) if self.dynamic_lr else adam.learning_rate
+        decayed = self.hyper_map(ops.partial(_decoupled_decay, lr), self.weight_decays, self.parameters)
+        return adam(ops.depend(grads, decayed))
 
 
 class LARS(nn.Cell):
@@ -110,7 +140,7 @@ def create_optimizer(net: nn.Cell, *, name: str, learning_rate: Union[float, np.
                      weight_decay: float = 0.0, momentum: float = 0.9, loss_scale: float = 1.0,
                      norm_weight_decay: float = 0.0, bias_weight_decay: float = 0.0, use_nesterov: bool = False,
                      lars_coefficient: float = 0.001, lars_epsilon: float = 1e-5) -> nn.Cell:
-    """Momentum, SGD (torch's momentum SGD), Adam, AdamW (decoupled decay) or LARS (around
+    """Momentum, SGD (torch's momentum SGD), Adam, AdamW (torch's: decoupled decay) or LARS (around
     momentum SGD) over `net`'s trainable parameters with decay groups. `loss_scale` is divided out of
     the gradients by the optimizer (1.0 when the train step unscales them itself)."""
     check_optimizer(name, use_nesterov=use_nesterov, momentum=momentum, lars_coefficient=lars_coefficient,
@@ -120,9 +150,8 @@ def create_optimizer(net: nn.Cell, *, name: str, learning_rate: Union[float, np.
     if name == "Adam":
         return nn.Adam(groups, learning_rate=lr, loss_scale=loss_scale)
     if name == "AdamW":
-        if loss_scale != 1.0:
-            raise UserInputError("AdamW cannot undo a loss scale itself; build it with loss_scale 1.0")
-        return nn.AdamWeightDecay(groups, learning_rate=lr, eps=1e-8)
+        decays, undecayed = _without_decay(groups)
+        return AdamW(nn.Adam(undecayed, learning_rate=lr, eps=1e-8, loss_scale=loss_scale), weight_decays=decays)
     if name == "SGD":
         return nn.SGD(groups, learning_rate=lr, momentum=momentum, nesterov=use_nesterov, loss_scale=loss_scale)
     if name == "LARS":
@@ -136,9 +165,17 @@ def create_lars(net: nn.Cell, groups: List[Dict], *, learning_rate, momentum: fl
     """LARS over `groups`: their decays move into LARS, the trust ratio covers conv/dense weights."""
     if loss_scale != 1.0:
         raise UserInputError("LARS cannot undo a loss scale itself; build it with loss_scale 1.0")
-    decay_of = {p.name: group["weight_decay"] for group in groups[:-1] for p in group["params"]}
-    undecayed = [{"params": group["params"], "weight_decay": 0.0} for group in groups[:-1]] + groups[-1:]
+    decays, undecayed = _without_decay(groups)
     inner = nn.SGD(undecayed, learning_rate=learning_rate, momentum=momentum, nesterov=use_nesterov)
     weights = set(decayed_parameter_names(net))
-    return LARS(inner, weight_decays=[float(decay_of[p.name]) for p in inner.parameters],
-                trusted=[p.name in weights for p in inner.parameters], coefficient=coefficient, epsilon=epsilon)
+    return LARS(inner, weight_decays=decays, trusted=[p.name in weights for p in inner.parameters],
+                coefficient=coefficient, epsilon=epsilon)
+
+
+def _without_decay(groups: List[Dict]) -> Tuple[List[float], List[Dict]]:
+    """For optimizers that apply the decay themselves: each parameter's decay in the parameter
+    order, and the same groups with decay 0 for the inner optimizer."""
+    decay_of = {p.name: group["weight_decay"] for group in groups[:-1] for p in group["params"]}
+    order = groups[-1]["order_params"]
+    undecayed = [{"params": group["params"], "weight_decay": 0.0} for group in groups[:-1]] + groups[-1:]
+    return [float(decay_of[p.name]) for p in order], undecayed
