@@ -139,17 +139,20 @@ def test_kill_during_saves_leaves_only_loadable_checkpoints(cifar_dir, tmp_path)
             read_checkpoint(str(path))  # raises on a truncated or corrupt file
 
 
-def test_best_checkpoint_holds_the_best_epoch(cifar_dir, tmp_path):
+def test_best_checkpoint_holds_the_best_epoch_of_the_ema(cifar_dir, tmp_path):
+    # With model_ema on, evaluation reports raw and EMA accuracy and best.ckpt follows the EMA.
     result = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--run_eval", "True", "--save_checkpoint",
-                            "False"))
+                            "False", "--model_ema", "True", "--model_ema_decay", "0.9", "--model_ema_steps", "1"))
     assert result.returncode == 0, result.stderr[-3000:]
     folder = tmp_path / RUN
     evals = [r for r in read_rows(folder) if r["top_1"]]
     assert [int(r["epoch"]) for r in evals] == [1, 2, 3]
-    best = max(evals, key=lambda r: (float(r["top_1"]), -int(r["epoch"])))
+    assert all(r["ema_top_1"] and r["ema_top_5"] for r in evals)
+    best = max(evals, key=lambda r: (float(r["ema_top_1"]), -int(r["epoch"])))
     stored = ms.load_checkpoint(str(folder / "best.ckpt"))
     assert int(stored["epoch_num"].asnumpy()) == int(best["epoch"])
-    assert float(stored["top_1_accuracy"].asnumpy()) == pytest.approx(float(best["top_1"]))
+    assert float(stored["top_1_accuracy"].asnumpy()) == pytest.approx(float(best["ema_top_1"]))
+    assert len([name for name in stored if name.startswith(EMA_PREFIX)]) == 102
 
 
 @pytest.fixture(scope="module")
