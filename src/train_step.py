@@ -110,7 +110,7 @@ class TrainStep(nn.Cell):
     non-finite gradients then skip the update and the EMA, and shrink the scale. `ema` averages
     every parameter of `net` (BatchNorm statistics included) into `ema.<name>` parameters."""
 
-    def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Optimizer, *, net: nn.Cell, loss_scale: float = 1.0,
+    def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Cell, *, net: nn.Cell, loss_scale: float = 1.0,
                  scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1, micro_batch: int = 0,
                  clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None):
         super().__init__(auto_prefix=False)

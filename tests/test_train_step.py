@@ -54,7 +54,7 @@ def worst(a: dict, b: dict) -> float:
 
 
 @pytest.mark.parametrize("loss_scale", [1.0, 1024.0])
-def test_plain_step_trains_like_mindsporeS_own_cell(initial, loss_scale):
+def test_plain_step_trains_like_mindspores_own_cell(initial, loss_scale):
     # BatchNorm in training mode: its moving statistics must match too.
     ours_net, stock_net = network(initial, freeze_bn=False), network(initial, freeze_bn=False)
     ours = train_step(ours_net, loss_scale=loss_scale)
