@@ -3,6 +3,7 @@
     python eval.py --config_path config/resnet50_cifar10.yaml --data_path /data/cifar-10-batches-bin \
         --checkpoint_file_path output/resnet50/cifar10/resnet50-90_1562.ckpt
 
+--use_ema True evaluates the checkpoint's EMA weights (ema.*, written with --model_ema True).
 The last line on stdout is one JSON object: top_1_accuracy, top_5_accuracy, loss, samples, checkpoint.
 Under a launcher (--run_distribute True), each rank evaluates its share of the samples and every
 rank reports the totals of the whole split.
@@ -34,7 +35,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(note, flush=True)
     dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size)
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
-    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}")
+    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
+                      use_ema=cfg.use_ema)
     result = evaluate(net, dataset, num_classes=cfg.class_num, group_size=group_size)
     print(json.dumps({**result, "checkpoint": cfg.checkpoint_file_path, "net_name": cfg.net_name,
                       "dataset": cfg.dataset, "rank": rank}), flush=True)

@@ -1,12 +1,13 @@
 """Export a trained checkpoint for inference: MINDIR (default), ONNX, or AIR (Ascend only).
 
     python export.py --config_path CONFIG --checkpoint_file_path CKPT [--file_name NAME]
-        [--file_format MINDIR|ONNX|AIR] [--batch_size N] [--width W --height H] [--verify]
+        [--file_format MINDIR|ONNX|AIR] [--batch_size N] [--width W --height H] [--verify] [--use_ema True]
 
 The checkpoint may be this repository's or a model-zoo ResNet checkpoint (its names are mapped,
 one log line says so); the zoo's `--ckpt_file` names it too. The network is the config's
-net_name/class_num in inference mode; the input is float32 (batch, 3, height, width),
-normalized as in evaluation; height/width default to eval_image_size.
+net_name/class_num in inference mode (with the checkpoint's EMA weights under --use_ema True); the
+input is float32 (batch, 3, height, width), normalized as in evaluation; height/width default to
+eval_image_size.
 The file NAME.mindir|.onnx|.air (default NAME: net_name) is written atomically.
 
 Batch dimension: MINDIR files have a dynamic batch (any size at run time) unless
@@ -109,7 +110,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     init_device(cfg.device_target, device_id=cfg.device_id, mode_name="GRAPH")
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
-    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}")
+    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
+                      use_ema=cfg.use_ema)
     net.set_train(False)
 
     file_name = cfg.file_name or cfg.net_name

@@ -31,10 +31,11 @@ from src.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergenc
 from src.files import remove_stale_temporaries
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
-from src.optimizer import create_optimizer
-from src.precision import create_loss_scale_manager, optimizer_loss_scale, resolve_amp_level
+from src.optimizer import check_optimizer, create_optimizer
+from src.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.resnet import create_model
 from src.run_record import RunRecord
+from src.train_step import NetWithLoss, TrainStep, check_ema_decay, ema_schedule
 
 BOOST_MODES = ("O0", "O1", "O2")
 
@@ -57,13 +58,15 @@ def data_recipe(cfg: Config) -> Augmentation:
 def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *, start_epoch: int = 0,
                          skip_batches: int = 0):
     """The training data from `start_epoch` on (each epoch without its first `skip_batches`
-    batches); unreadable samples are replaced and recorded in the run folder."""
-    return create_dataset(cfg.dataset, cfg.data_path, training=True, batch_size=cfg.batch_size,
+    batches); unreadable samples are replaced and recorded in the run folder. One batch feeds one
+    optimizer step: grad_accumulation_steps micro-batches of batch_size."""
+    batch = cfg.batch_size * cfg.grad_accumulation_steps
+    return create_dataset(cfg.dataset, cfg.data_path, training=True, batch_size=batch,
                           image_size=cfg.train_image_size, class_num=cfg.class_num,
                           num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size,
                           shard_id=rank, seed=cfg.seed, start_epoch=start_epoch, augmentation=data_recipe(cfg),
                           interpolation=cfg.interpolation,
-                          skip_samples=skip_batches * cfg.batch_size,
+                          skip_samples=skip_batches * batch,
                           bad_sample_file=os.path.join(folder, f"bad_samples_rank{rank}.tsv"),
                           max_bad_samples=cfg.max_bad_samples)
 
@@ -168,17 +171,35 @@ def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
                              f"of {steps_per_epoch} steps)")
 
 
-def create_train_model(cfg: Config, net, lrs: np.ndarray) -> Model:
-    """Loss, optimizer, mixed precision and loss scaling around `net`."""
+def check_step_keys(cfg: Config) -> None:
+    """The optimizer and EMA keys, checked before any work (ranges are checked at load)."""
+    check_optimizer(cfg.optimizer, use_nesterov=cfg.use_nesterov, momentum=cfg.momentum,
+                    lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
+    if cfg.model_ema:
+        check_ema_decay(cfg.model_ema_decay)
+
+
+def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: int, group_size: int) -> Model:
+    """The training step around `net` (loss, mixed precision, loss scaling, accumulation, clipping,
+    optimizer, EMA), run by a Model."""
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
-    loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale, cfg.device_target)
+    loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
     optimizer = create_optimizer(net, name=cfg.optimizer, learning_rate=lrs, weight_decay=cfg.weight_decay,
-                                 momentum=cfg.momentum,
-                                 loss_scale=optimizer_loss_scale(loss_scale_manager, cfg.loss_scale))
-    return Model(net, loss_fn=loss, optimizer=optimizer, amp_level=amp_level, loss_scale_manager=loss_scale_manager,
-                 boost_level=check_boost_mode(cfg.boost_mode))
+                                 momentum=cfg.momentum, norm_weight_decay=cfg.norm_weight_decay,
+                                 bias_weight_decay=cfg.bias_weight_decay, use_nesterov=cfg.use_nesterov,
+                                 lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
+    ema = ema_schedule(decay=cfg.model_ema_decay, every=cfg.model_ema_steps, world_size=group_size,
+                       batch_size=cfg.batch_size, accumulation_steps=cfg.grad_accumulation_steps,
+                       epochs=cfg.epoch_size, warmup_epochs=int(cfg.warmup_epochs),
+                       steps_per_epoch=steps_per_epoch) if cfg.model_ema else None
+    step = TrainStep(NetWithLoss(mixed_precision_network(net, amp_level), loss), optimizer, net=net,
+                     loss_scale=loss_scale_manager.get_loss_scale() if loss_scale_manager else 1.0,
+                     scale_update=loss_scale_manager.get_update_cell() if loss_scale_manager else None,
+                     accumulation_steps=cfg.grad_accumulation_steps, micro_batch=cfg.batch_size,
+                     clip_grad_norm=cfg.clip_grad_norm, ema=ema)
+    return Model(step, boost_level=check_boost_mode(cfg.boost_mode))
 
 
 def check_boost_mode(boost_mode: str) -> str:
@@ -188,23 +209,31 @@ def check_boost_mode(boost_mode: str) -> str:
     return boost_mode
 
 
-def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: int, steps_per_epoch: int,
-                     lrs: np.ndarray, first_step: int, eval_dataset, record: Optional[RunRecord], log,
-                     bad_samples, argv: Sequence[str]) -> list:
+def create_ema_twin(cfg: Config):
+    """A second network, in the same precision, that evaluation loads the EMA weights into."""
+    twin = create_model(cfg.net_name, num_classes=cfg.class_num)
+    mixed_precision_network(twin, resolve_amp_level(cfg.amp_level, cfg.device_target))
+    return twin
+
+
+def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, group_size: int,
+                     steps_per_epoch: int, lrs: np.ndarray, first_step: int, eval_dataset,
+                     record: Optional[RunRecord], log, bad_samples, argv: Sequence[str]) -> list:
     """Logging, evaluation, checkpoints, the run record and profiling; files from rank 0 only.
     The divergence guard comes first (nothing after it sees NaN weights at an epoch end), the
     stop-signal handler last (it stops after the step's or the epoch's other work)."""
-    clip_key = "clip_grad_norm" if "clip_grad_norm" in cfg else None
+    ema_params = model.train_network.ema_params if cfg.model_ema else None
     guard = DivergenceGuard(patience=cfg.nan_patience, steps_per_epoch=steps_per_epoch, lrs=lrs,
                             skips_overflow=cfg.loss_scale_type == "dynamic", first_step=first_step,
-                            hints=divergence_hints(clip_key=clip_key, loss_scale_type=cfg.loss_scale_type))
+                            hints=divergence_hints(clip_key="clip_grad_norm", loss_scale_type=cfg.loss_scale_type))
     callbacks = [guard,
                  TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
-                              global_batch=cfg.batch_size * group_size, lrs=lrs, log_interval=cfg.log_interval,
-                              first_step=first_step, record=record, log=log,
+                              global_batch=cfg.batch_size * cfg.grad_accumulation_steps * group_size, lrs=lrs,
+                              log_interval=cfg.log_interval, first_step=first_step, record=record, log=log,
                               bad_samples=bad_samples.count if bad_samples else None)]
     if eval_dataset is not None:
-        callbacks.append(EvalMonitor(net=net, dataset=eval_dataset, num_classes=cfg.class_num,
+        callbacks.append(EvalMonitor(net=net, ema_net=create_ema_twin(cfg) if cfg.model_ema else None,
+                                     ema_params=ema_params, dataset=eval_dataset, num_classes=cfg.class_num,
                                      group_size=group_size, epoch_size=cfg.epoch_size,
                                      eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
                                      best_folder=folder if cfg.save_best_ckpt and rank == 0 else None,
@@ -220,7 +249,7 @@ def create_callbacks(cfg: Config, *, net, folder: str, rank: int, group_size: in
     if cfg.enable_profiling:
         callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),
                                          device_target=cfg.device_target, steps=cfg.profile_steps))
-    callbacks.append(FinalState(net=net, folder=folder, rank=rank, first_step=first_step))
+    callbacks.append(FinalState(net=net, ema_params=ema_params, folder=folder, rank=rank, first_step=first_step))
     callbacks.append(graceful_stop(cfg, steps_per_epoch=steps_per_epoch, first_step=first_step, saver=saver,
                                    record=record, group_size=group_size, log=log, argv=argv))
     return callbacks
@@ -264,6 +293,7 @@ def resume_command(cfg: Config, argv: Sequence[str]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = load_config(argv, prog="train.py")
+    check_step_keys(cfg)
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
     init_device(cfg.device_target, mode_name=cfg.mode_name,
                 device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
@@ -286,7 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_sink_size(cfg, steps_per_epoch)
     eval_dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size) if cfg.run_eval else None
     lrs = create_schedule(cfg, steps_per_epoch)
-    model = create_train_model(cfg, net, lrs)
+    model = create_train_model(cfg, net, lrs, steps_per_epoch=steps_per_epoch, group_size=group_size)
 
     # Everything that can be wrong with the input is checked above; only now is anything written.
     resume_from = resume_checkpoint(cfg, folder, steps_per_epoch, log)
@@ -306,14 +336,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         save_config(cfg, os.path.join(folder, "config.yaml"))
         record = RunRecord(folder, resume_step=first_step if resume_from else None)
     dataset.bad_samples.reset()
-    callbacks = create_callbacks(cfg, net=net, folder=folder, rank=rank, group_size=group_size,
+    callbacks = create_callbacks(cfg, net=net, model=model, folder=folder, rank=rank, group_size=group_size,
                                  steps_per_epoch=steps_per_epoch, lrs=lrs, first_step=first_step,
                                  eval_dataset=eval_dataset, record=record, log=log,
                                  bad_samples=dataset.bad_samples, argv=argv)
 
+    micro_batches = f" x {cfg.grad_accumulation_steps} micro-batches" if cfg.grad_accumulation_steps > 1 else ""
     log(f"training {cfg.net_name} on {cfg.dataset} ({cfg.data_path}): epochs {start_epoch + 1}..{cfg.epoch_size} x "
-        f"{steps_per_epoch} steps of {cfg.batch_size} x {group_size} rank(s); amp "
+        f"{steps_per_epoch} steps of {cfg.batch_size}{micro_batches} x {group_size} rank(s); amp "
         f"{resolve_amp_level(cfg.amp_level, cfg.device_target)}; run folder {folder}"
+        + (f"; EMA every {cfg.model_ema_steps} steps, alpha {model.train_network.ema_alpha.asnumpy():.6g}"
+           if cfg.model_ema else "")
         + (f"; resumed from {resume_from} at global step {first_step}" if resume_from else ""))
     if cfg.dataset_sink_mode and cfg.device_target == "CPU":
         log("dataset_sink_mode: MindSpore has no CPU sink, so steps run one by one (logs stay per step)")

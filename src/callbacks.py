@@ -10,10 +10,12 @@ import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-from mindspore import nn
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
 from mindspore.train import Callback
 
-from src.checkpoint import BEST_NAME, NonFiniteWeightsError, checkpoint_name, list_checkpoints, rotate, save_atomic
+from src.checkpoint import (BEST_NAME, EMA_PREFIX, NonFiniteWeightsError, checkpoint_name, ema_part, list_checkpoints,
+                            rotate, save_atomic)
 from src.config import write_atomic
 from src.files import warn_if_low_space
 from src.metrics import evaluate
@@ -113,14 +115,19 @@ class TrainMonitor(StepCounter):
 
 class EvalMonitor(Callback):
     """Evaluates after epoch `eval_start_epoch`, then every `eval_interval` epochs (and after the
-    last); keeps `best.ckpt` (with its epoch and top-1 inside) when `best_folder` is given."""
+    last); keeps `best.ckpt` (with its epoch and top-1 inside) when `best_folder` is given.
+
+    With `ema_params` (the train step's EMA of the weights), the EMA is loaded into `ema_net` and
+    evaluated too; best.ckpt then follows the EMA top-1 and holds the EMA weights beside the raw."""
 
     def __init__(self, *, net: nn.Cell, dataset, num_classes: int, group_size: int, epoch_size: int,
                  eval_start_epoch: int = 1, eval_interval: int = 1, best_folder: Optional[str] = None,
                  best_top1: float = -1.0, record: Optional[RunRecord] = None,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, ema_net: Optional[nn.Cell] = None,
+                 ema_params: Optional[Sequence[Parameter]] = None):
         super().__init__()
         self.net, self.dataset, self.num_classes, self.group_size = net, dataset, num_classes, group_size
+        self.ema_net, self.ema_params = ema_net, ema_params
         self.epoch_size = epoch_size
         self.eval_start_epoch, self.eval_interval = eval_start_epoch, max(1, eval_interval)
         self.best_folder, self.best_top1 = best_folder, best_top1
@@ -131,30 +138,46 @@ class EvalMonitor(Callback):
             return False
         return (epoch - self.eval_start_epoch) % self.eval_interval == 0 or epoch == self.epoch_size
 
+    def _evaluate(self, net: nn.Cell) -> dict:
+        result = evaluate(net, self.dataset, num_classes=self.num_classes, group_size=self.group_size)
+        net.set_train(True)
+        return result
+
     def on_train_epoch_end(self, run_context) -> None:
         params = run_context.original_args()
         epoch = params.cur_epoch_num
         if not self.due(epoch):
             return
-        result = evaluate(self.net, self.dataset, num_classes=self.num_classes, group_size=self.group_size)
-        self.net.set_train(True)
-        self.log(f"epoch {epoch} eval: top-1 {result['top_1_accuracy']:.4f} top-5 "
-                 f"{result['top_5_accuracy']:.4f} loss {result['loss']:.4f} on {result['samples']} images")
+        result = self._evaluate(self.net)
+        line = (f"epoch {epoch} eval: top-1 {result['top_1_accuracy']:.4f} top-5 "
+                f"{result['top_5_accuracy']:.4f} loss {result['loss']:.4f} on {result['samples']} images")
+        ema_weights, ema_result = {}, {}
+        if self.ema_params is not None:
+            # a snapshot (for best.ckpt too), not the live parameters the next step updates
+            ema_weights = {p.name: Parameter(Tensor(p.asnumpy()), name=p.name) for p in self.ema_params}
+            ms.load_param_into_net(self.ema_net, ema_part(ema_weights), strict_load=True)
+            ema_result = self._evaluate(self.ema_net)
+            line += f"; EMA top-1 {ema_result['top_1_accuracy']:.4f} top-5 {ema_result['top_5_accuracy']:.4f}"
+        self.log(line)
         if self.record:
             self.record.add(epoch=epoch, step=epoch * params.batch_num, loss=result["loss"],
-                            top_1=result["top_1_accuracy"], top_5=result["top_5_accuracy"])
-        if not math.isfinite(result["loss"]):
-            self.log(f"epoch {epoch}: evaluation loss is {result['loss']}; not a candidate for {BEST_NAME}")
+                            top_1=result["top_1_accuracy"], top_5=result["top_5_accuracy"],
+                            ema_top_1=ema_result.get("top_1_accuracy"), ema_top_5=ema_result.get("top_5_accuracy"))
+        candidate = ema_result or result  # best.ckpt follows the EMA when there is one
+        if not math.isfinite(candidate["loss"]):
+            self.log(f"epoch {epoch}: evaluation loss is {candidate['loss']}; not a candidate for {BEST_NAME}")
             return
-        if self.best_folder and result["top_1_accuracy"] > self.best_top1:
+        if self.best_folder and candidate["top_1_accuracy"] > self.best_top1:
             try:
                 save_atomic(self.net, os.path.join(self.best_folder, BEST_NAME),
-                            append_dict={"epoch_num": epoch, "top_1_accuracy": result["top_1_accuracy"]})
+                            append_dict={"epoch_num": epoch, "top_1_accuracy": candidate["top_1_accuracy"],
+                                         **ema_weights})
             except NonFiniteWeightsError as err:
                 self.log(f"epoch {epoch}: {err}")
                 return
-            self.best_top1 = result["top_1_accuracy"]
-            self.log(f"epoch {epoch}: new best top-1 {self.best_top1:.4f}, saved {BEST_NAME}")
+            self.best_top1 = candidate["top_1_accuracy"]
+            self.log(f"epoch {epoch}: new best {'EMA ' if ema_result else ''}top-1 {self.best_top1:.4f}, "
+                     f"saved {BEST_NAME}")
 
 
 class CheckpointSaver(StepCounter):
@@ -216,21 +239,33 @@ class RecordPlotter(Callback):
         self.record.plot()
 
 
-class FinalState(Callback):
-    """Writes final_state_rank<r>.json: the global step and a fingerprint of the trainable weights,
-    so the ranks of a data-parallel run can be compared without writing one checkpoint per rank.
-    (BatchNorm moving statistics are per rank, as without synchronized BatchNorm elsewhere.)"""
+def _fingerprint(params: Sequence[Parameter]) -> str:
+    digest = hashlib.sha256()
+    for param in params:
+        digest.update(param.asnumpy().tobytes())
+    return digest.hexdigest()
 
-    def __init__(self, *, net: nn.Cell, folder: str, rank: int, first_step: int = 0):
+
+class FinalState(Callback):
+    """Writes final_state_rank<r>.json: the global step and a fingerprint of the trainable weights
+    (and of their EMA, when `ema_params` are given), so the ranks of a data-parallel run can be
+    compared without writing one checkpoint per rank. (BatchNorm moving statistics are per rank,
+    as without synchronized BatchNorm elsewhere, so the EMA fingerprint covers the EMA of the
+    trainable weights only.)"""
+
+    def __init__(self, *, net: nn.Cell, folder: str, rank: int, first_step: int = 0,
+                 ema_params: Optional[Sequence[Parameter]] = None):
         super().__init__()
         self.net, self.folder, self.rank, self.first_step = net, folder, rank, first_step
+        self.ema_params = ema_params
 
     def on_train_end(self, run_context) -> None:
-        digest = hashlib.sha256()
-        for param in self.net.trainable_params():
-            digest.update(param.asnumpy().tobytes())
+        trainable = self.net.trainable_params()
         state = {"rank": self.rank, "step": self.first_step + run_context.original_args().cur_step_num,
-                 "trainable_sha256": digest.hexdigest()}
+                 "trainable_sha256": _fingerprint(trainable)}
+        if self.ema_params is not None:
+            averaged = {p.name: p for p in self.ema_params}
+            state["ema_sha256"] = _fingerprint([averaged[EMA_PREFIX + p.name] for p in trainable])
         write_atomic(os.path.join(self.folder, f"final_state_rank{self.rank}.json"), json.dumps(state) + "\n")
 
 

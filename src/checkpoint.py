@@ -13,11 +13,14 @@ from mindspore import Parameter, nn
 from src.errors import UserInputError
 from src.files import atomic_target
 
-# Keys a training checkpoint holds besides the network: optimizer slots and counters.
-OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accum.", "accu_grads.")
+# Keys a training checkpoint holds besides the network: optimizer slots and counters, and the
+# EMA of the weights (`ema.<parameter name>`, written by the train step with model_ema on).
+OPTIMIZER_PREFIXES = ("moments.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accum.", "accu_grads.", "stat.")
+EMA_PREFIX = "ema."
+STEP_COUNTER = "train_steps"  # the train step's count of optimizer steps (times the EMA updates)
 STATE_SCALARS = {"global_step", "learning_rate", "momentum", "beta1_power", "beta2_power",
                  "scale_sense", "current_iterator_step", "last_overflow_iterator_step",
-                 "epoch_num", "step_num", "top_1_accuracy"}
+                 "epoch_num", "step_num", "top_1_accuracy", STEP_COUNTER}
 # The model zoo's names for the same modules (ResNet in mindspore-ai/models, official/cv/ResNet).
 ZOO_RENAMES = {"down_sample_layer": "downsample", "end_point": "fc", "bn1d": "bn1", "bn2d": "bn2"}
 CHECKPOINT_NAME = re.compile(r"^(?P<net>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
@@ -49,19 +52,20 @@ class NonFiniteWeightsError(UserInputError):
 def non_finite_parameters(cell: nn.Cell) -> List[str]:
     """Names of the floating-point parameters of `cell` (weights, BN statistics, optimizer slots)
     that hold a NaN or an Inf."""
-    bad = []
-    for param in cell.get_parameters():
-        value = param.asnumpy()
-        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
-            bad.append(param.name)
-    return bad
+    return [param.name for param in cell.get_parameters() if not _finite(param)]
+
+
+def _finite(param: Parameter) -> bool:
+    value = param.asnumpy()
+    return not np.issubdtype(value.dtype, np.floating) or bool(np.isfinite(value).all())
 
 
 def save_atomic(cell: nn.Cell, path: str, append_dict: Optional[Dict] = None) -> None:
     """Save through a hidden temporary file and a rename: a kill never leaves half a file under
     `path`, a failed write (disk full) is one WriteError and leaves no temporary behind, and weights
     with NaN or Inf are never written (NonFiniteWeightsError)."""
-    bad = non_finite_parameters(cell)
+    bad = non_finite_parameters(cell) + [name for name, value in (append_dict or {}).items()
+                                         if isinstance(value, Parameter) and not _finite(value)]
     if bad:
         raise NonFiniteWeightsError(f"not saving {path}: {len(bad)} parameter(s) hold NaN/Inf (first {bad[0]}); "
                                     f"training diverged")
@@ -120,7 +124,12 @@ def _framework_errors_silenced():
 
 def is_training_state(name: str) -> bool:
     """True for optimizer slots and training counters (of this repo's and the model zoo's checkpoints)."""
-    return name in STATE_SCALARS or name.startswith(OPTIMIZER_PREFIXES)
+    return name in STATE_SCALARS or name.startswith(OPTIMIZER_PREFIXES + (EMA_PREFIX,))
+
+
+def ema_part(params: Dict[str, Parameter]) -> Dict[str, Parameter]:
+    """The EMA weights of a checkpoint under the network's own names ({} when it holds none)."""
+    return {name[len(EMA_PREFIX):]: value for name, value in params.items() if name.startswith(EMA_PREFIX)}
 
 
 def network_part(params: Dict[str, Parameter]) -> Dict[str, Parameter]:
@@ -196,10 +205,18 @@ def raise_if_mismatched(problems: Dict[str, List[str]], path: str, what: str, hi
 
 
 def load_into_network(net: nn.Cell, path: str, what: str = "the network",
-                      log: Callable[[str], None] = print) -> Dict[str, Parameter]:
-    """Load every network parameter from `path` (this repo's or the model zoo's names); any mismatch
-    is one error line listing names. Returns the network tensors under this repo's names."""
-    params, note = network_params(read_checkpoint(path), path)
+                      log: Callable[[str], None] = print, use_ema: bool = False) -> Dict[str, Parameter]:
+    """Load every network parameter from `path` (this repo's or the model zoo's names; its EMA weights
+    with `use_ema`); any mismatch is one error line listing names. Returns the loaded tensors under
+    this repo's names."""
+    checkpoint = read_checkpoint(path)
+    if use_ema:
+        params, note = ema_part(checkpoint), None
+        if not params:
+            raise UserInputError(f"checkpoint {path} holds no EMA weights (ema.*): it was trained without "
+                                 f"model_ema; drop --use_ema")
+    else:
+        params, note = network_params(checkpoint, path)
     raise_if_mismatched(network_mismatches(net, params), path, what, "check net_name and class_num")
     ms.load_param_into_net(net, params, strict_load=True)
     if note:
@@ -243,7 +260,7 @@ def restore_training_state(train_network: nn.Cell, params: Dict[str, Parameter],
     missing = [name for name in wanted if name not in params]
     if missing:
         raise UserInputError(f"checkpoint {path} lacks training state {_listed(missing)}: it was saved with "
-                             f"another optimizer or loss scaling; resume with the same config")
+                             f"another optimizer, loss scaling or model_ema; resume with the same config")
     ms.load_param_into_net(train_network, {name: params[name] for name in wanted}, strict_load=True)
 
 

@@ -1,6 +1,7 @@
 """Mixed precision: the amp level per device and the loss-scale manager, checked before any work."""
 from typing import Optional
 
+from mindspore import amp, nn
 from mindspore.train import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 
 from src.errors import UserInputError
@@ -20,8 +21,7 @@ def resolve_amp_level(amp_level: str, device_target: str) -> str:
     return amp_level
 
 
-def create_loss_scale_manager(loss_scale_type: str, loss_scale: float,
-                              device_target: str) -> Optional[LossScaleManager]:
+def create_loss_scale_manager(loss_scale_type: str, loss_scale: float) -> Optional[LossScaleManager]:
     """None, a fixed scale (no overflow skipping), or a dynamic scale starting at `loss_scale`."""
     if loss_scale_type not in LOSS_SCALE_TYPES:
         raise UserInputError(f"unknown loss_scale_type '{loss_scale_type}'; choose one of "
@@ -31,13 +31,15 @@ def create_loss_scale_manager(loss_scale_type: str, loss_scale: float,
     if loss_scale <= 0:
         raise UserInputError(f"loss_scale must be positive, got {loss_scale}")
     if loss_scale_type == "dynamic":
-        if device_target == "CPU":
-            raise UserInputError("MindSpore on CPU cannot detect float overflow, so a dynamic loss scale is "
-                                 "not available there; use --loss_scale_type fixed or none")
+        # The train step finds overflow with a finiteness check of the gradients, which works on
+        # every device (CPU has no hardware overflow status).
         return DynamicLossScaleManager(init_loss_scale=loss_scale, scale_factor=2, scale_window=2000)
     return FixedLossScaleManager(loss_scale, drop_overflow_update=False)
 
 
-def optimizer_loss_scale(manager: Optional[LossScaleManager], loss_scale: float) -> float:
-    """A fixed scale is undone by the optimizer; a dynamic one by the training cell."""
-    return loss_scale if isinstance(manager, FixedLossScaleManager) else 1.0
+def mixed_precision_network(net: nn.Cell, amp_level: str) -> nn.Cell:
+    """`net` converted in place for `amp_level` (O2 keeps BatchNorm in float32); returns the cell
+    to call, which may wrap `net` (O0 returns `net` itself)."""
+    if amp_level == "O0":
+        return net
+    return amp.auto_mixed_precision(net, amp_level)

@@ -7,7 +7,8 @@ from typing import Dict, List, Optional
 from src.config import write_atomic
 from src.files import atomic_target, write_failure
 
-COLUMNS = ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time", "bad_samples"]
+COLUMNS = ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time", "bad_samples", "ema_top_1",
+           "ema_top_5"]
 
 
 class RunRecord:
@@ -61,9 +62,10 @@ class RunRecord:
         axes[0].set(title="training loss", xlabel="step")
         axes[1].plot([int(r["step"]) for r in train], [float(r["lr"]) for r in train])
         axes[1].set(title="learning rate", xlabel="step")
-        for column in ("top_1", "top_5"):
-            axes[2].plot([int(r["epoch"]) for r in evals], [float(r[column]) for r in evals], marker="o",
-                         label=column.replace("_", "-"))
+        for column in ("top_1", "top_5", "ema_top_1", "ema_top_5"):
+            if any(r.get(column) for r in evals):
+                axes[2].plot([int(r["epoch"]) for r in evals], [float(r[column]) for r in evals], marker="o",
+                             label=column.replace("_", "-").replace("ema-", "EMA "))
         axes[2].set(title="evaluation accuracy", xlabel="epoch", ylim=(0, 1))
         axes[2].legend(loc="lower right")
         figure.tight_layout()

@@ -13,7 +13,7 @@ import pytest
 import mindspore as ms
 
 from conftest import PYTHON, REPO, run, wait_for_step
-from src.checkpoint import network_part, read_checkpoint, training_position
+from src.checkpoint import ema_part, network_part, read_checkpoint, training_position
 from src.distributed import check_fusion_points, fusion_split_points
 from src.errors import UserInputError
 from src.precision import create_loss_scale_manager, resolve_amp_level
@@ -22,14 +22,19 @@ from src.resnet import create_model
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 DIST_SH = str(REPO / "scripts" / "run_distribute_train.sh")
 # Frozen BatchNorm: per-rank batch statistics legitimately differ from one batch of 2b.
+# The optimization recipe is on: 2 micro-batches per step (gradients cross ranks once per step),
+# clipping of the averaged gradients, and an EMA updated every step; 6 steps of 32 images.
 COMMON = ["--epoch_size", "1", "--log_interval", "1", "--run_eval", "False", "--freeze_bn", "True",
-          "--lr_max", "0.02", "--warmup_epochs", "0"]
+          "--lr_max", "0.02", "--warmup_epochs", "0", "--grad_accumulation_steps", "2", "--clip_grad_norm", "1.0",
+          "--model_ema", "True", "--model_ema_decay", "0.99", "--model_ema_steps", "1"]
+STEPS = 6
 RUN = Path("resnet18") / "cifar10"
 
 
-def trainable(path: Path) -> dict:
-    """The trainable weights of a checkpoint (no BatchNorm moving statistics, no optimizer state)."""
-    return {name: value.asnumpy() for name, value in network_part(ms.load_checkpoint(str(path))).items()
+def trainable(path: Path, part=network_part) -> dict:
+    """The trainable weights of a checkpoint, or their EMA with `part=ema_part` (no BatchNorm moving
+    statistics, no optimizer state)."""
+    return {name: value.asnumpy() for name, value in part(ms.load_checkpoint(str(path))).items()
             if "moving_" not in name}
 
 
@@ -50,8 +55,9 @@ def test_two_ranks_finish_with_identical_weights(runs):
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
     folder = out / "dp" / RUN
     states = [json.loads((folder / f"final_state_rank{r}.json").read_text()) for r in (0, 1)]
-    assert states[0]["step"] == states[1]["step"] == 12
+    assert states[0]["step"] == states[1]["step"] == STEPS
     assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
+    assert states[0]["ema_sha256"] == states[1]["ema_sha256"]
     launch_logs = list((folder / "logs").iterdir())
     assert len(launch_logs) == 1
     assert (launch_logs[0] / "worker_0.log").stat().st_size > 0
@@ -59,18 +65,20 @@ def test_two_ranks_finish_with_identical_weights(runs):
     # Only rank 0 writes into the run folder; rank 1 writes nothing but its own final state.
     assert sorted(p.name for p in folder.iterdir() if p.is_file()) == [
         "config.yaml", "curves.png", "final_state_rank0.json", "final_state_rank1.json", "metrics.csv",
-        "resnet18-1_12.ckpt"]
+        f"resnet18-1_{STEPS}.ckpt"]
     steps = [line.split(",")[1] for line in (folder / "metrics.csv").read_text().splitlines()[1:]]
-    assert steps == [str(s) for s in range(1, 13)]  # sink mode on CPU still logs every step
+    assert steps == [str(s) for s in range(1, STEPS + 1)]  # sink mode on CPU still logs every step
 
 
-def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs):
+@pytest.mark.parametrize("part", [network_part, ema_part])
+def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs, part):
     out, launched, single = runs
     assert launched.returncode == 0 and single.returncode == 0, single.stderr[-2000:]
-    parallel = trainable(out / "dp" / RUN / "resnet18-1_12.ckpt")
-    alone = trainable(out / "single" / RUN / "resnet18-1_12.ckpt")
+    parallel = trainable(out / "dp" / RUN / f"resnet18-1_{STEPS}.ckpt", part)
+    alone = trainable(out / "single" / RUN / f"resnet18-1_{STEPS}.ckpt", part)
     assert len(alone) == 62
     worst = max(float(np.abs(parallel[name] - alone[name]).max()) for name in alone)
+    print(f"2 ranks x 8 x 2 micro-batches vs 1 process x 16 x 2, {part.__name__}: max abs difference {worst:.2e}")
     assert worst < 1e-5, worst
 
 
@@ -82,7 +90,7 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_leaves_a_resumable_checkpo
     launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     try:
-        wait_for_step(tmp_path / RUN, 3, launcher)
+        wait_for_step(tmp_path / RUN, 2, launcher)
         launcher.send_signal(signal.SIGTERM)
         _, stderr = launcher.communicate(timeout=120)
     finally:
@@ -93,21 +101,21 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_leaves_a_resumable_checkpo
     folder = tmp_path / RUN
     (saved,) = folder.glob("resnet18-1_*.ckpt")
     step = int(saved.stem.split("_")[1])
-    assert 3 <= step < 12
+    assert 2 <= step < STEPS
     logs = next((folder / "logs").iterdir())
     for rank in (0, 1):  # every rank stopped after the same step
         text = (logs / f"worker_{rank}.log").read_text()
-        assert f"step {step}/12" in text and f"step {step + 1}/12" not in text
+        assert f"step {step}/{STEPS}" in text and f"step {step + 1}/{STEPS}" not in text
     # Resumable: the whole training state of a complete run's checkpoint, at a mid-epoch position
     # (test_resume.py resumes such a checkpoint and matches the uninterrupted run).
-    stopped, complete = read_checkpoint(str(saved)), read_checkpoint(str(out / "dp" / RUN / "resnet18-1_12.ckpt"))
+    stopped, complete = read_checkpoint(str(saved)), read_checkpoint(str(out / "dp" / RUN / f"resnet18-1_{STEPS}.ckpt"))
     assert training_position(stopped, str(saved)) == (0, step)
     assert {k: v.shape for k, v in stopped.items()} == {k: v.shape for k, v in complete.items()}
 
 
 def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):
     out, _, _ = runs
-    ckpt = str(out / "single" / RUN / "resnet18-1_12.ckpt")
+    ckpt = str(out / "single" / RUN / f"resnet18-1_{STEPS}.ckpt")
     args = ["--config_path", CONFIG, "--data_path", str(cifar_dir), "--checkpoint_file_path", ckpt,
             "--batch_size", "16"]
     single = run([PYTHON, "eval.py"] + args)
@@ -188,9 +196,11 @@ def test_bad_fusion_config_is_rejected(points):
 def test_precision_defaults_and_cpu_limits():
     assert resolve_amp_level("auto", "CPU") == "O0"
     assert resolve_amp_level("auto", "Ascend") == "O2"
-    assert create_loss_scale_manager("none", 1024.0, "CPU") is None
-    assert create_loss_scale_manager("fixed", 1024.0, "CPU").get_loss_scale() == 1024.0
-    with pytest.raises(UserInputError, match="dynamic"):
-        create_loss_scale_manager("dynamic", 1024.0, "CPU")
+    assert create_loss_scale_manager("none", 1024.0) is None
+    assert create_loss_scale_manager("fixed", 1024.0).get_loss_scale() == 1024.0
+    # the train step detects overflow itself, so a dynamic scale works on CPU too
+    assert create_loss_scale_manager("dynamic", 1024.0).get_update_cell() is not None
+    with pytest.raises(UserInputError, match="loss_scale_type"):
+        create_loss_scale_manager("adaptive", 1024.0)
     with pytest.raises(UserInputError):
         resolve_amp_level("O4", "CPU")

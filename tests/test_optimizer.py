@@ -91,3 +91,101 @@ def test_one_step_with_zero_gradients_only_decays_conv_and_fc_weights(name):
                                            rtol=0, atol=lr * 0.01, err_msg=p.name)
         else:
             np.testing.assert_array_equal(new, old, err_msg=p.name)
+
+
+class TinyNet(nn.Cell):
+    """One conv (no bias), one BatchNorm and one dense layer (with bias): every parameter kind."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, has_bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Dense(4, 2)
+
+    def construct(self, x):
+        return self.fc(self.bn(self.conv(x)).mean(axis=(2, 3)))
+
+
+KIND = {"conv.weight": "weight", "fc.weight": "weight", "bn.gamma": "norm", "bn.beta": "norm", "fc.bias": "bias"}
+
+
+def test_norm_and_bias_decay_follow_the_owning_cell():
+    groups = param_groups(TinyNet(), 1e-4, norm_weight_decay=1e-5, bias_weight_decay=1e-3)
+    assert [(sorted(p.name for p in g["params"]), g["weight_decay"]) for g in groups[:-1]] == [
+        (["conv.weight", "fc.weight"], 1e-4), (["bn.beta", "bn.gamma"], 1e-5), (["fc.bias"], 1e-3)]
+    # equal decays share one group: the defaults give today's two groups
+    assert len(param_groups(TinyNet(), 1e-4, norm_weight_decay=1e-5, bias_weight_decay=1e-5)) == 3
+
+
+def numpy_steps(name: str, weights: dict, grads: list, *, lr: float, momentum: float, decay: dict,
+                coefficient: float = 1e-3, epsilon: float = 1e-5) -> dict:
+    """Reference updates: torch's SGD with Nesterov momentum, or LARS (decay, then the trust ratio
+    on conv/dense weights) followed by Nesterov momentum."""
+    w = {k: v.astype(np.float64) for k, v in weights.items()}
+    velocity = {k: np.zeros_like(v) for k, v in w.items()}
+    for grad in grads:
+        for k in w:
+            g = grad[k] + decay[k] * w[k]
+            if name == "LARS" and KIND[k] == "weight":
+                w_norm, g_norm = np.linalg.norm(w[k]), np.linalg.norm(grad[k])
+                g = g * coefficient * w_norm / (g_norm + decay[k] * w_norm + epsilon)
+            velocity[k] = momentum * velocity[k] + g
+            w[k] = w[k] - lr * (g + momentum * velocity[k])
+    return w
+
+
+@pytest.mark.parametrize("name", ["SGD", "LARS"])
+def test_nesterov_sgd_and_lars_match_numpy_over_two_steps(name):
+    net = TinyNet()
+    wd = {"weight": 1e-2, "norm": 1e-3, "bias": 1e-1}
+    opt = create_optimizer(net, name=name, learning_rate=0.1, weight_decay=wd["weight"], momentum=0.9,
+                           norm_weight_decay=wd["norm"], bias_weight_decay=wd["bias"], use_nesterov=True,
+                           lars_coefficient=0.01)
+    params = list(opt.parameters)
+    rng = np.random.default_rng(0)
+    start = {p.name: p.asnumpy().copy() for p in params}
+    grads = [{p.name: rng.standard_normal(p.shape).astype(np.float32) for p in params} for _ in range(2)]
+    for grad in grads:
+        opt(tuple(Tensor(grad[p.name]) for p in params))
+    expected = numpy_steps(name, start, grads, lr=0.1, momentum=0.9,
+                           decay={k: wd[KIND[k]] for k in start}, coefficient=0.01)
+    for p in params:
+        np.testing.assert_allclose(p.asnumpy(), expected[p.name], rtol=1e-5, atol=1e-6, err_msg=p.name)
+
+
+def test_adamw_decays_decoupled_from_the_gradient():
+    # With a zero gradient Adam's step is 0, so only the decoupled decay moves the weights: w(1 - lr wd).
+    net = TinyNet()
+    opt = create_optimizer(net, name="AdamW", learning_rate=0.1, weight_decay=0.5, norm_weight_decay=0.25)
+    params = list(opt.parameters)
+    before = {p.name: p.asnumpy().copy() for p in params}
+    opt(tuple(Tensor(np.zeros(p.shape, np.float32)) for p in params))
+    factor = {"weight": 1 - 0.1 * 0.5, "norm": 1 - 0.1 * 0.25, "bias": 1.0}
+    for p in params:
+        np.testing.assert_allclose(p.asnumpy(), before[p.name] * factor[KIND[p.name]], rtol=1e-6, err_msg=p.name)
+
+
+def test_adamw_matches_torch_adamw_over_two_steps():
+    torch = pytest.importorskip("torch")
+    net = TinyNet()
+    wd = {"weight": 0.05, "norm": 0.0, "bias": 0.01}
+    opt = create_optimizer(net, name="AdamW", learning_rate=np.array([0.01, 0.02], np.float32),
+                           weight_decay=wd["weight"], norm_weight_decay=wd["norm"], bias_weight_decay=wd["bias"])
+    params = list(opt.parameters)
+    reference = {p.name: torch.tensor(p.asnumpy().astype(np.float64), requires_grad=True) for p in params}
+    torch_opt = torch.optim.AdamW([{"params": [reference[p.name]], "weight_decay": wd[KIND[p.name]]} for p in params],
+                                  lr=0.01, eps=1e-8)
+    rng = np.random.default_rng(1)
+    for lr in (0.01, 0.02):
+        grads = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in params}
+        opt(tuple(Tensor(grads[p.name]) for p in params))
+        for group in torch_opt.param_groups:
+            group["lr"] = lr
+        for name, tensor in reference.items():
+            tensor.grad = torch.tensor(grads[name].astype(np.float64))
+        torch_opt.step()
+    for p in params:
+        # float32 against float64: Adam's normalized step (about lr per element) carries ~1e-4 relative noise;
+        # the decay (lr x wd x w ~ 1e-4) and bias correction (3x the first step) are far above it
+        np.testing.assert_allclose(p.asnumpy(), reference[p.name].detach().numpy(), rtol=0, atol=1e-5,
+                                   err_msg=p.name)

@@ -15,13 +15,20 @@ from PIL import Image
 import mindspore as ms
 
 from conftest import PYTHON, REPO, run, wait_for_step
-from src.checkpoint import read_checkpoint, rotate
+from src.checkpoint import EMA_PREFIX, network_part, read_checkpoint, rotate
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
 # 12 steps per epoch (200 images, batch 16); every step logged so per-step losses can be compared.
 TRAIN = ["--config_path", CONFIG, "--batch_size", "16", "--log_interval", "1", "--run_eval", "False",
          "--lr_max", "0.05", "--warmup_epochs", "0"]
+
+
+# The optimization recipe on (tests/test_train_step.py checks each part against a reference): 2
+# micro-batches of 8 per step (still 12 steps per epoch), EMA, clipping and a dynamic loss scale, so
+# resume must restore the EMA weights, the step counter and the loss-scale state exactly.
+RECIPE = ["--batch_size", "8", "--grad_accumulation_steps", "2", "--model_ema", "True", "--model_ema_decay", "0.99",
+          "--model_ema_steps", "5", "--clip_grad_norm", "1.0", "--loss_scale_type", "dynamic", "--loss_scale", "1024"]
 
 
 def train_args(data: Path, out: Path, *extra: str) -> list:
@@ -57,20 +64,20 @@ def kill_when(process: subprocess.Popen, path: Path, delay: float = 0.0, timeout
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, cifar_dir) -> Path:
     out = tmp_path_factory.mktemp("straight")
-    result = run(train_args(cifar_dir, out, "--epoch_size", "3"))
+    result = run(train_args(cifar_dir, out, "--epoch_size", "3", *RECIPE))
     assert result.returncode == 0, result.stderr[-3000:]
     return out / RUN
 
 
 def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_dir, tmp_path):
     folder = tmp_path / RUN
-    process = subprocess.Popen(train_args(cifar_dir, tmp_path, "--epoch_size", "3"), cwd=REPO,
+    process = subprocess.Popen(train_args(cifar_dir, tmp_path, "--epoch_size", "3", *RECIPE), cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     kill_when(process, folder / "resnet18-1_12.ckpt", delay=0.5)
     assert process.returncode == -signal.SIGKILL
     assert not (folder / "resnet18-3_12.ckpt").exists()
 
-    resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True"))
+    resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True", *RECIPE))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     expected, got = step_losses(uninterrupted), step_losses(folder)
@@ -78,12 +85,38 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_di
     assert max(abs(expected[s] - got[s]) for s in expected) < 1e-5
     final_expected = weights(uninterrupted / "resnet18-3_12.ckpt")
     final_got = weights(folder / "resnet18-3_12.ckpt")
-    assert max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected) < 1e-5
+    assert final_expected.keys() == final_got.keys()
+    ema = [k for k in final_expected if k.startswith(EMA_PREFIX)]
+    assert len(ema) == len(network_part(final_expected)) == 102  # 62 trainable + 40 BatchNorm statistics
+    worst = {part: max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in keys)
+             for part, keys in (("raw", network_part(final_expected)), ("EMA", ema), ("all", final_expected))}
+    print(f"killed + resumed vs uninterrupted, max abs difference: {worst}")
+    assert worst["all"] < 1e-5
+    assert float(np.abs(final_expected["ema.fc.weight"] - final_expected["fc.weight"]).max()) > 1e-4  # EMA lags
+
+
+def test_eval_and_export_use_the_ema_weights_or_say_there_are_none(uninterrupted, cifar_dir, tmp_path):
+    from src.checkpoint import load_into_network
+    from src.resnet import create_model
+    path = uninterrupted / "resnet18-3_12.ckpt"
+    stored = weights(path)
+    net = create_model("resnet18", num_classes=10)
+    load_into_network(net, str(path), use_ema=True)
+    for param in net.get_parameters():
+        np.testing.assert_array_equal(param.asnumpy(), stored[EMA_PREFIX + param.name])
+    plain = tmp_path / "plain.ckpt"
+    ms.save_checkpoint(create_model("resnet18", num_classes=10), str(plain))
+    for script in ("eval.py", "export.py"):
+        result = run([PYTHON, script, "--config_path", CONFIG, "--data_path", str(cifar_dir), "--checkpoint_file_path",
+                      str(plain), "--use_ema", "True", "--file_name", str(tmp_path / "exported")])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and "EMA" in lines[0] and "use_ema" in lines[0], result.stderr
+    assert not list(tmp_path.glob("exported*"))
 
 
 def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, cifar_dir, tmp_path):
     folder = tmp_path / RUN
-    process = subprocess.Popen(train_args(cifar_dir, tmp_path, "--epoch_size", "3"), cwd=REPO,
+    process = subprocess.Popen(train_args(cifar_dir, tmp_path, "--epoch_size", "3", *RECIPE), cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_step(folder, 16, process)
     process.send_signal(signal.SIGTERM)
@@ -95,7 +128,7 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, c
     assert f"stopped by SIGTERM after global step {step} (mid-epoch); saved {saved}" in stdout
     assert "--resume True" in stdout.strip().splitlines()[-1]
 
-    resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True"))
+    resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True", *RECIPE))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {saved} at global step {step}" in resumed.stdout
     expected, got = step_losses(uninterrupted), step_losses(folder)
@@ -109,7 +142,7 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, c
 def test_run_record_files_exist_and_parse(uninterrupted):
     rows = read_rows(uninterrupted)
     assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time",
-                             "bad_samples"]
+                             "bad_samples", "ema_top_1", "ema_top_5"]
     assert len(rows) == 36 and all(float(r["img_per_s"]) > 0 for r in rows)
     assert [float(r["wall_time"]) for r in rows] == sorted(float(r["wall_time"]) for r in rows)
     with Image.open(uninterrupted / "curves.png") as image:
@@ -131,17 +164,20 @@ def test_kill_during_saves_leaves_only_loadable_checkpoints(cifar_dir, tmp_path)
             read_checkpoint(str(path))  # raises on a truncated or corrupt file
 
 
-def test_best_checkpoint_holds_the_best_epoch(cifar_dir, tmp_path):
+def test_best_checkpoint_holds_the_best_epoch_of_the_ema(cifar_dir, tmp_path):
+    # With model_ema on, evaluation reports raw and EMA accuracy and best.ckpt follows the EMA.
     result = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--run_eval", "True", "--save_checkpoint",
-                            "False"))
+                            "False", "--model_ema", "True", "--model_ema_decay", "0.9", "--model_ema_steps", "1"))
     assert result.returncode == 0, result.stderr[-3000:]
     folder = tmp_path / RUN
     evals = [r for r in read_rows(folder) if r["top_1"]]
     assert [int(r["epoch"]) for r in evals] == [1, 2, 3]
-    best = max(evals, key=lambda r: (float(r["top_1"]), -int(r["epoch"])))
+    assert all(r["ema_top_1"] and r["ema_top_5"] for r in evals)
+    best = max(evals, key=lambda r: (float(r["ema_top_1"]), -int(r["epoch"])))
     stored = ms.load_checkpoint(str(folder / "best.ckpt"))
     assert int(stored["epoch_num"].asnumpy()) == int(best["epoch"])
-    assert float(stored["top_1_accuracy"].asnumpy()) == pytest.approx(float(best["top_1"]))
+    assert float(stored["top_1_accuracy"].asnumpy()) == pytest.approx(float(best["ema_top_1"]))
+    assert len([name for name in stored if name.startswith(EMA_PREFIX)]) == 102
 
 
 @pytest.fixture(scope="module")
@@ -200,19 +236,19 @@ def test_rotation_keeps_the_newest_and_the_newest_epoch_end(tmp_path):
     assert len(removed) == 5
 
 
-RECIPE = ["--auto_augment", "cifar10", "--random_erase", "0.25", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0",
+DATA_RECIPE = ["--auto_augment", "cifar10", "--random_erase", "0.25", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0",
           "--ra_reps", "2", "--use_label_smooth", "True", "--epoch_size", "2"]
 
 
 def test_killed_and_resumed_run_with_the_full_data_recipe(cifar_dir, tmp_path):
     """Policies, erasing, mixing and repeated augmentation are keyed too: resume stays exact."""
-    straight = run(train_args(cifar_dir, tmp_path / "straight", *RECIPE))
+    straight = run(train_args(cifar_dir, tmp_path / "straight", *DATA_RECIPE))
     assert straight.returncode == 0, straight.stderr[-3000:]
     folder = tmp_path / "killed" / RUN
-    process = subprocess.Popen(train_args(cifar_dir, tmp_path / "killed", *RECIPE), cwd=REPO,
+    process = subprocess.Popen(train_args(cifar_dir, tmp_path / "killed", *DATA_RECIPE), cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     kill_when(process, folder / "resnet18-1_12.ckpt", delay=0.5)
-    resumed = run(train_args(cifar_dir, tmp_path / "killed", *RECIPE, "--resume", "True"))
+    resumed = run(train_args(cifar_dir, tmp_path / "killed", *DATA_RECIPE, "--resume", "True"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     expected, got = step_losses(tmp_path / "straight" / RUN), step_losses(folder)
     assert sorted(got) == list(range(1, 25)) == sorted(expected)

@@ -1,0 +1,204 @@
+"""One training step as a single cell that `Model` runs: forward and loss, loss scaling, gradients,
+gradient accumulation over micro-batches, data-parallel averaging, unscaling, global-norm clipping,
+overflow skipping (dynamic loss scale), the optimizer update and the weight EMA.
+
+Everything happens inside the graph, so sink mode keeps one device call per sink. The cell always
+returns `(loss, overflow, loss_scale)`, as MindSpore's loss-scaling cells do: `overflow` is True
+when the step's gradients were not finite and the update was skipped (dynamic loss scale only).
+
+Accumulation: one call receives `accumulation_steps` micro-batches stacked into one batch, runs
+forward and backward on each in turn and sums their gradients in the graph, so one call is one
+optimizer step. The lr schedule, logs, checkpoints and resume therefore all count optimizer steps,
+gradients cross the network once per optimizer step, and a checkpoint never holds a half-filled
+accumulation buffer.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.communication import get_group_size
+
+from src.checkpoint import EMA_PREFIX, STEP_COUNTER
+from src.errors import UserInputError
+
+_add = ops.MultitypeFuncGraph("add")
+_scale = ops.MultitypeFuncGraph("scale")
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+_finite = ops.MultitypeFuncGraph("finite")
+_ema = ops.MultitypeFuncGraph("ema")
+
+
+@_add.register("Tensor", "Tensor")
+def _add_tensors(total, grad):
+    return total + grad
+
+
+@_scale.register("Tensor", "Tensor")
+def _scale_tensor(factor, grad):
+    return grad * ops.cast(factor, grad.dtype)
+
+
+@_square_sum.register("Tensor")
+def _square_sum_tensor(grad):
+    return ops.cast(ops.square(grad).sum(), ms.float32)
+
+
+@_finite.register("Tensor")
+def _finite_tensor(grad):
+    return ops.isfinite(grad).all()
+
+
+@_ema.register("Tensor", "Tensor", "Tensor")
+def _ema_tensor(weight_of_raw, average, raw):
+    # weight 1 copies the raw value exactly (0 * average + raw); weight 0 keeps the average exactly.
+    alpha = ops.cast(weight_of_raw, average.dtype)
+    return ops.assign(average, average * (1 - alpha) + raw * alpha)
+
+
+@dataclass(frozen=True)
+class EmaSchedule:
+    """When and how strongly the EMA follows the raw weights (all counted in optimizer steps).
+
+    An update happens at every step whose index within its epoch is a multiple of `every`; it
+    copies the raw weights while the step index is <= `copy_until` (the lr warmup, where the
+    average is reset, and the first update after it) and otherwise moves `alpha` of the way."""
+    alpha: float
+    every: int
+    steps_per_epoch: int
+    copy_until: int
+
+
+def ema_schedule(*, decay: float, every: int, world_size: int, batch_size: int, accumulation_steps: int,
+                 epochs: int, warmup_epochs: int, steps_per_epoch: int) -> EmaSchedule:
+    """torchvision's adjustment: alpha = min(1, (1 - decay) * world * batch * every / epochs), where
+    `batch` is the images one rank feeds an optimizer step (micro-batch x accumulation)."""
+    adjust = world_size * batch_size * accumulation_steps * every / epochs
+    return EmaSchedule(alpha=min(1.0, (1.0 - decay) * adjust), every=every, steps_per_epoch=steps_per_epoch,
+                       copy_until=warmup_epochs * steps_per_epoch)
+
+
+def check_ema_decay(decay: float) -> None:
+    """model_ema_decay must lie in [0, 1) (model_ema_steps is checked with the positive keys)."""
+    if not 0.0 <= decay < 1.0:
+        raise UserInputError(f"model_ema_decay must be in [0, 1), got {decay}; torchvision's recipe uses 0.99998")
+
+
+class NetWithLoss(nn.Cell):
+    """The network and the loss; logits are cast to float32 first, so amp O2/O3 compute the loss
+    in full precision. Labels pass to the loss as they come (int classes or soft targets)."""
+
+    def __init__(self, net: nn.Cell, loss: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.net = net
+        self.loss = loss
+
+    def construct(self, images, labels):
+        return self.loss(ops.cast(self.net(images), ms.float32), labels)
+
+
+def _data_parallel() -> bool:
+    mode = ms.get_auto_parallel_context("parallel_mode")
+    return mode in (ms.ParallelMode.DATA_PARALLEL, ms.ParallelMode.HYBRID_PARALLEL)
+
+
+class TrainStep(nn.Cell):
+    """The whole training step; see the module docstring for the order of the parts.
+
+    `loss_scale` multiplies the loss before backward and is divided out of the gradients before
+    clipping and the update. `scale_update` (a DynamicLossScaleUpdateCell) makes the scale dynamic:
+    non-finite gradients then skip the update and the EMA, and shrink the scale. `ema` averages
+    every parameter of `net` (BatchNorm statistics included) into `ema.<name>` parameters."""
+
+    def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Cell, *, net: nn.Cell, loss_scale: float = 1.0,
+                 scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1, micro_batch: int = 0,
+                 clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None):
+        super().__init__(auto_prefix=False)
+        self.network = net_with_loss
+        self.network.set_grad()
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.hyper_map = ops.HyperMap()
+        self.dynamic = scale_update is not None
+        self.scale_update = scale_update
+        self.unscale = self.dynamic or loss_scale != 1.0
+        if self.dynamic:
+            self.scale_sense = Parameter(Tensor(loss_scale, ms.float32), name="scale_sense", requires_grad=False)
+        else:
+            self.scale_sense = Tensor(loss_scale, ms.float32)
+        self.accumulation_steps = accumulation_steps
+        self.micro_batch = micro_batch
+        self.clip = clip_grad_norm > 0
+        self.clip_grad_norm = Tensor(clip_grad_norm, ms.float32)
+        self.reduce = _data_parallel()
+        if self.reduce:
+            self.reducer = nn.DistributedGradReducer(self.weights, ms.get_auto_parallel_context("gradients_mean"),
+                                                     get_group_size())
+        self.use_ema = ema is not None
+        if self.use_ema:
+            raw = list(net.get_parameters())
+            self.raw_params = ParameterTuple(raw)
+            self.ema_params = ParameterTuple(
+                [Parameter(Tensor(p.asnumpy()), name=EMA_PREFIX + p.name, requires_grad=False) for p in raw])
+            self.train_steps = Parameter(Tensor(0, ms.int32), name=STEP_COUNTER, requires_grad=False)
+            self.ema_alpha = Tensor(ema.alpha, ms.float32)
+            self.ema_every, self.steps_per_epoch, self.ema_copy_until = ema.every, ema.steps_per_epoch, ema.copy_until
+
+    def gradients(self, images, labels, sens):
+        """Mean loss and summed, still scaled, gradients over the micro-batches of one step."""
+        if self.accumulation_steps == 1:
+            loss = self.network(images, labels)
+            return loss, self.grad(self.network, self.weights)(images, labels, sens)
+        image_parts = ops.split(images, self.micro_batch, 0)
+        label_parts = ops.split(labels, self.micro_batch, 0)
+        loss = self.network(image_parts[0], label_parts[0])
+        grads = self.grad(self.network, self.weights)(image_parts[0], label_parts[0], sens)
+        for i in range(1, self.accumulation_steps):
+            loss = loss + self.network(image_parts[i], label_parts[i])
+            grads = self.hyper_map(_add, grads, self.grad(self.network, self.weights)(image_parts[i], label_parts[i],
+                                                                                       sens))
+        steps = Tensor(self.accumulation_steps, ms.float32)
+        return loss / steps, self.hyper_map(ops.partial(_scale, 1 / steps), grads)
+
+    def clip_by_global_norm(self, grads):
+        """Scale all gradients by min(1, clip / (norm + 1e-6)), norm over all of them (as torch does)."""
+        norm = ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads)))
+        factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0)
+        return self.hyper_map(ops.partial(_scale, factor), grads)
+
+    def update_ema(self, step):
+        due = (step % self.steps_per_epoch) % self.ema_every == 0
+        weight = ops.select(step <= self.ema_copy_until, Tensor(1.0, ms.float32), self.ema_alpha)
+        weight = ops.select(due, weight, Tensor(0.0, ms.float32))
+        return self.hyper_map(ops.partial(_ema, weight), self.ema_params, self.raw_params)
+
+    def apply(self, grads, step):
+        """The optimizer update, then the EMA of the updated weights."""
+        done = self.optimizer(grads)
+        if self.use_ema:
+            done = ops.depend(done, self.update_ema(ops.depend(step, done)))
+        return done
+
+    def construct(self, images, labels):
+        scale = self.scale_sense * 1  # this step's scale, read before a dynamic update changes it
+        step = self.train_steps * 1 if self.use_ema else 0
+        loss, grads = self.gradients(images, labels, scale)
+        if self.reduce:
+            grads = self.reducer(grads)  # once per optimizer step, also with accumulation
+        if self.unscale:
+            grads = self.hyper_map(ops.partial(_scale, 1 / scale), grads)
+        overflow = Tensor(False, ms.bool_)
+        if self.dynamic:
+            overflow = ops.logical_not(ops.stack(self.hyper_map(_finite, grads)).all())
+            overflow = self.scale_update(self.scale_sense, overflow)
+        if self.clip:
+            grads = self.clip_by_global_norm(grads)
+        if self.dynamic:
+            if not overflow:
+                loss = ops.depend(loss, self.apply(grads, step))
+        else:
+            loss = ops.depend(loss, self.apply(grads, step))
+        if self.use_ema:
+            loss = ops.depend(loss, ops.assign_add(self.train_steps, Tensor(1, ms.int32)))
+        return loss, overflow, scale

@@ -1,0 +1,223 @@
+"""src/train_step.py: the one training step checked against independent computations: the stock
+MindSpore cell, one big batch, a NumPy clip, a NumPy EMA recurrence and a run without the
+overflowing batch. These run in PyNative mode, where they are cheapest; train.py compiles the same
+cell in GRAPH mode in tests/test_resume.py and tests/test_distributed.py."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from conftest import PYTHON, REPO, run
+from src.checkpoint import EMA_PREFIX
+from src.loss import create_loss
+from src.optimizer import create_optimizer
+from src.resnet import create_model
+from src.train_step import EmaSchedule, NetWithLoss, TrainStep, ema_schedule
+
+CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
+IMAGE = 8  # small images keep resnet18 cheap; the step does not care about the size
+
+
+@pytest.fixture(scope="module")
+def initial():
+    """One set of initial weights that every network in this module starts from."""
+    ms.set_seed(0)
+    return {p.name: p.asnumpy().copy() for p in create_model("resnet18", num_classes=10).get_parameters()}
+
+
+def network(initial: dict, freeze_bn: bool = True) -> nn.Cell:
+    net = create_model("resnet18", num_classes=10, freeze_bn=freeze_bn)
+    for param in net.get_parameters():
+        param.set_data(Tensor(initial[param.name]))
+    return net
+
+
+def batches(count: int, size: int, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((size, 3, IMAGE, IMAGE)).astype(np.float32),
+             rng.integers(0, 10, size).astype(np.int32)) for _ in range(count)]
+
+
+def train_step(net: nn.Cell, *, optimizer: str = "Momentum", lr: float = 0.05, momentum: float = 0.9, **options):
+    opt = create_optimizer(net, name=optimizer, learning_rate=lr, weight_decay=1e-4, momentum=momentum)
+    return TrainStep(NetWithLoss(net, create_loss(num_classes=10)), opt, net=net, **options)
+
+
+def values(params) -> dict:
+    return {p.name: p.asnumpy().copy() for p in params}
+
+
+def worst(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[name] - b[name]).max()) for name in a)
+
+
+@pytest.mark.parametrize("loss_scale", [1.0, 1024.0])
+def test_plain_step_trains_like_mindspores_own_cell(initial, loss_scale):
+    # BatchNorm in training mode: its moving statistics must match too.
+    ours_net, stock_net = network(initial, freeze_bn=False), network(initial, freeze_bn=False)
+    ours = train_step(ours_net, loss_scale=loss_scale)
+    stock_opt = create_optimizer(stock_net, name="Momentum", learning_rate=0.05, weight_decay=1e-4,
+                                 momentum=0.9, loss_scale=loss_scale)  # today: the optimizer unscales
+    stock = nn.TrainOneStepCell(nn.WithLossCell(stock_net, create_loss(num_classes=10)), stock_opt,
+                                sens=loss_scale)
+    for images, labels in batches(2, 8):
+        loss, overflow, scale = ours(Tensor(images), Tensor(labels))
+        expected = stock(Tensor(images), Tensor(labels))
+        assert abs(float(loss.asnumpy()) - float(expected.asnumpy())) < 1e-6
+        assert not bool(overflow.asnumpy()) and float(scale.asnumpy()) == loss_scale
+    assert worst(values(ours_net.get_parameters()), values(stock_net.get_parameters())) < 1e-6
+
+
+def test_two_micro_batches_of_8_equal_one_batch_of_16(initial):
+    accumulated_net, whole_net = network(initial), network(initial)  # frozen BatchNorm: same statistics
+    accumulated = train_step(accumulated_net, accumulation_steps=2, micro_batch=8)
+    whole = train_step(whole_net)
+    for images, labels in batches(3, 16):
+        loss_a = accumulated(Tensor(images), Tensor(labels))[0]
+        loss_w = whole(Tensor(images), Tensor(labels))[0]
+        assert abs(float(loss_a.asnumpy()) - float(loss_w.asnumpy())) < 1e-5  # mean of the micro-batch losses
+    difference = worst(values(accumulated_net.trainable_params()), values(whole_net.trainable_params()))
+    print(f"accumulation 2 x 8 vs batch 16 after 3 steps: max abs weight difference {difference:.2e}")
+    assert difference < 1e-5
+
+
+def test_clipping_equals_a_numpy_global_norm_clip(initial):
+    images, labels = (Tensor(x) for x in batches(1, 8)[0])
+    reference = network(initial)
+    weights = ms.ParameterTuple(reference.trainable_params())
+    grads = ops.GradOperation(get_by_list=True)(NetWithLoss(reference, create_loss(num_classes=10)), weights)(
+        images, labels)
+    grads = [g.asnumpy().astype(np.float64) for g in grads]
+    norm = np.sqrt(sum(float((g ** 2).sum()) for g in grads))
+    clip, lr = norm / 4, 0.1
+    clipped = [g * min(1.0, clip / (norm + 1e-6)) for g in grads]
+
+    net = network(initial)
+    # plain SGD without momentum or decay: the update is exactly -lr * the clipped gradient
+    opt = create_optimizer(net, name="SGD", learning_rate=lr, weight_decay=0.0, momentum=0.0)
+    step = TrainStep(NetWithLoss(net, create_loss(num_classes=10)), opt, net=net, clip_grad_norm=clip)
+    step(images, labels)
+    expected = {p.name: initial[p.name] - lr * g for p, g in zip(net.trainable_params(), clipped)}
+    difference = worst(values(net.trainable_params()), expected)
+    print(f"clip to {clip:.4f} (norm {norm:.4f}) vs NumPy: max abs weight difference {difference:.2e}")
+    assert difference < 1e-6
+
+
+def numpy_ema(raw_after_step: list, start: dict, schedule: EmaSchedule) -> dict:
+    """torchvision's EMA in NumPy: update every `every` steps within the epoch; copy while the
+    step index is <= copy_until (warmup reset, then the first update after it)."""
+    average = {name: value.astype(np.float64) for name, value in start.items()}
+    for step, raw in enumerate(raw_after_step):
+        if (step % schedule.steps_per_epoch) % schedule.every:
+            continue
+        alpha = 1.0 if step <= schedule.copy_until else schedule.alpha
+        average = {name: average[name] * (1 - alpha) + raw[name] * alpha for name in average}
+    return average
+
+
+def test_ema_equals_a_numpy_recurrence_of_the_raw_weights(initial):
+    # 3 steps per epoch, 1 warmup epoch, an update every 2 steps: steps 0, 2, 3 copy; 5, 6 average.
+    schedule = EmaSchedule(alpha=0.25, every=2, steps_per_epoch=3, copy_until=3)
+    net = network(initial, freeze_bn=False)  # BatchNorm statistics move, and are averaged too
+    step = train_step(net, ema=schedule)
+    raw = []
+    for images, labels in batches(7, 8, seed=1):
+        step(Tensor(images), Tensor(labels))
+        raw.append(values(net.get_parameters()))
+    expected = numpy_ema(raw, initial, schedule)
+    got = {p.name[len(EMA_PREFIX):]: p.asnumpy() for p in step.ema_params}
+    difference = worst(got, expected)
+    print(f"EMA after 7 steps vs NumPy recurrence: max abs difference {difference:.2e}")
+    assert difference < 1e-6
+    assert int(step.train_steps.asnumpy()) == 7
+    assert worst(got, raw[-1]) > 1e-3  # the last two updates averaged, so the EMA lags the raw weights
+
+
+def test_ema_decay_adjustment_is_torchvisions():
+    # torchvision's recipe: 8 GPUs x 128 images, every 32 steps, 600 epochs, decay 0.99998
+    schedule = ema_schedule(decay=0.99998, every=32, world_size=8, batch_size=64, accumulation_steps=2,
+                            epochs=600, warmup_epochs=5, steps_per_epoch=1251)
+    assert schedule.alpha == pytest.approx(2e-5 * 8 * 128 * 32 / 600)
+    assert schedule.copy_until == 5 * 1251
+    assert ema_schedule(decay=0.5, every=32, world_size=8, batch_size=128, accumulation_steps=1, epochs=1,
+                        warmup_epochs=0, steps_per_epoch=10).alpha == 1.0
+
+
+def test_overflow_skips_the_update_and_leaves_nothing_behind(initial):
+    """Dynamic loss scale: a batch with an inf gives non-finite gradients; the step must leave the
+    weights, the optimizer state and the EMA as they were, halve the scale, and leave no partial
+    accumulation: the run then continues exactly like a run that never saw that batch."""
+    schedule = EmaSchedule(alpha=0.5, every=1, steps_per_epoch=100, copy_until=-1)
+    clean = batches(2, 8, seed=2)
+    bad_images = clean[1][0].copy()
+    bad_images[5, 0, 3, 3] = np.inf  # in the second micro-batch
+
+    def run(batch_list):
+        net = network(initial)
+        update = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 10, scale_factor=2, scale_window=1000)
+        step = train_step(net, accumulation_steps=2, micro_batch=4, ema=schedule, loss_scale=2.0 ** 10,
+                          scale_update=update)
+        outputs = []
+        for images, labels in batch_list:
+            outputs.append(step(Tensor(images), Tensor(labels)))
+            yield step, outputs[-1]
+
+    with_overflow = run([clean[0], (bad_images, clean[1][1]), clean[1]])
+    step, first = next(with_overflow)
+    before = values(step.get_parameters())
+    step, (_, overflow, scale) = next(with_overflow)
+    after = values(step.get_parameters())
+    assert bool(overflow.asnumpy()) and float(scale.asnumpy()) == 1024.0
+    assert float(step.scale_sense.asnumpy()) == 512.0
+    unchanged = [name for name in before if name not in ("scale_sense", "train_steps", "current_iterator_step",
+                                                         "last_overflow_iterator_step")]
+    assert any(name.startswith(EMA_PREFIX) for name in unchanged) and any(n.startswith("moments.") for n in unchanged)
+    for name in unchanged:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    step, (_, overflow, _) = next(with_overflow)
+    assert not bool(overflow.asnumpy())
+
+    never_saw_it = run([clean[0], clean[1]])
+    for reference, _ in never_saw_it:
+        pass
+    # powers of two scale exactly, so the halved scale changes nothing but the skipped step
+    assert worst(values(step.ema_params), values(reference.ema_params)) < 1e-7
+    assert worst(values(step.optimizer.parameters), values(reference.optimizer.parameters)) < 1e-7
+
+
+BAD_VALUES = [
+    ("grad_accumulation_steps", "0"), ("model_ema_steps", "0"), ("model_ema_decay", "1.0"),
+    ("model_ema_decay", "-0.1"), ("clip_grad_norm", "-1"), ("norm_weight_decay", "-1e-4"),
+    ("bias_weight_decay", "-1e-4"), ("lars_coefficient", "0"), ("lars_epsilon", "-1"),
+    ("optimizer", "Lamb"), ("use_nesterov", "maybe"), ("model_ema", "yes please"),
+]
+
+
+@pytest.mark.parametrize("key,value", BAD_VALUES)
+def test_bad_values_of_the_step_keys_are_errors_naming_the_key(key, value):
+    from src.config import load_config
+    from src.errors import UserInputError
+    from train import check_step_keys
+    extra = ["--model_ema", "True"] if key == "model_ema_decay" else []
+    with pytest.raises(UserInputError, match=key):
+        check_step_keys(load_config(["--config_path", CONFIG, f"--{key}", value] + extra))
+
+
+def test_nesterov_needs_a_momentum_optimizer_and_momentum():
+    from src.config import load_config
+    from src.errors import UserInputError
+    from train import check_step_keys
+    for extra in (["--optimizer", "AdamW"], ["--optimizer", "SGD", "--momentum", "0"]):
+        with pytest.raises(UserInputError, match="use_nesterov"):
+            check_step_keys(load_config(["--config_path", CONFIG, "--use_nesterov", "True"] + extra))
+
+
+def test_train_py_reports_a_bad_step_key_in_one_line_and_writes_nothing(tmp_path, cifar_dir):
+    result = run([PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir), "--output_dir",
+                  str(tmp_path / "out"), "--model_ema", "True", "--model_ema_decay", "1.5"])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model_ema_decay" in lines[0]
+    assert not (tmp_path / "out").exists()
