@@ -131,8 +131,9 @@ def check_optimizer(name: str, *, use_nesterov: bool, momentum: float, lars_coef
                              f"drop --use_nesterov")
     if use_nesterov and momentum <= 0:
         raise UserInputError("use_nesterov needs momentum > 0; raise --momentum (e.g. 0.9)")
-    if name == "LARS" and (lars_coefficient <= 0 or lars_epsilon <= 0):
-        raise UserInputError(f"lars_coefficient and lars_epsilon must be > 0, got {lars_coefficient} and "
+    # epsilon 0 is safe (the trust ratio is 1 where a norm is 0) and is what the model zoo's Boost config sets
+    if name == "LARS" and (lars_coefficient <= 0 or lars_epsilon < 0):
+        raise UserInputError(f"LARS needs lars_coefficient > 0 and lars_epsilon >= 0, got {lars_coefficient} and "
                              f"{lars_epsilon}")
 
 

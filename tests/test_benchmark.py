@@ -41,6 +41,8 @@ def test_benchmark_writes_every_field(tmp_path):
         assert all(rate > 0 for rate in rates)
         assert row["train_ours_over_native"] == round(row["ours_train"] / row["native_train"], 3)
         assert row["eval_ours_over_native"] == round(row["ours_eval"] / row["native_eval"], 3)
+        assert row["recipe_train"] > 0
+        assert row["recipe_cost_over_plain"] == round(row["ours_train"] / row["recipe_train"], 3)
 
 
 @pytest.mark.parametrize("args", [["--net", "resnet99"], ["--batch_size", "0"],

@@ -26,9 +26,13 @@ TRAIN = ["--config_path", CONFIG, "--batch_size", "16", "--log_interval", "1", "
 
 # The optimization recipe on (tests/test_train_step.py checks each part against a reference): 2
 # micro-batches of 8 per step (still 12 steps per epoch), EMA, clipping and a dynamic loss scale, so
-# resume must restore the EMA weights, the step counter and the loss-scale state exactly.
+# resume must restore the EMA weights, the step counter and the loss-scale state exactly. And the
+# data recipe (tests/test_data_recipe.py): a policy, erasing, mixup/cutmix and repeated augmentation,
+# whose draws are keyed like the crops, so a resumed run must see the very same batches.
 RECIPE = ["--batch_size", "8", "--grad_accumulation_steps", "2", "--model_ema", "True", "--model_ema_decay", "0.99",
-          "--model_ema_steps", "5", "--clip_grad_norm", "1.0", "--loss_scale_type", "dynamic", "--loss_scale", "1024"]
+          "--model_ema_steps", "5", "--clip_grad_norm", "1.0", "--loss_scale_type", "dynamic", "--loss_scale", "1024",
+          "--auto_augment", "cifar10", "--random_erase", "0.25", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0",
+          "--ra_reps", "2", "--use_label_smooth", "True"]
 
 
 def train_args(data: Path, out: Path, *extra: str) -> list:
@@ -235,24 +239,3 @@ def test_rotation_keeps_the_newest_and_the_newest_epoch_end(tmp_path):
     assert left == ["best.ckpt", "resnet18-2_12.ckpt", "resnet18-3_10.ckpt"]
     assert len(removed) == 5
 
-
-DATA_RECIPE = ["--auto_augment", "cifar10", "--random_erase", "0.25", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0",
-          "--ra_reps", "2", "--use_label_smooth", "True", "--epoch_size", "2"]
-
-
-def test_killed_and_resumed_run_with_the_full_data_recipe(cifar_dir, tmp_path):
-    """Policies, erasing, mixing and repeated augmentation are keyed too: resume stays exact."""
-    straight = run(train_args(cifar_dir, tmp_path / "straight", *DATA_RECIPE))
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    folder = tmp_path / "killed" / RUN
-    process = subprocess.Popen(train_args(cifar_dir, tmp_path / "killed", *DATA_RECIPE), cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    kill_when(process, folder / "resnet18-1_12.ckpt", delay=0.5)
-    resumed = run(train_args(cifar_dir, tmp_path / "killed", *DATA_RECIPE, "--resume", "True"))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    expected, got = step_losses(tmp_path / "straight" / RUN), step_losses(folder)
-    assert sorted(got) == list(range(1, 25)) == sorted(expected)
-    assert max(abs(expected[s] - got[s]) for s in expected) < 1e-5
-    final_expected = weights(tmp_path / "straight" / RUN / "resnet18-2_12.ckpt")
-    final_got = weights(folder / "resnet18-2_12.ckpt")
-    assert max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected) < 1e-5

@@ -59,10 +59,9 @@ STRUCTURES = {
                           "dense_init": "HeUniform", "all_reduce_fusion_config": [85, 160],
                           "train_image_size": 32, "eval_image_size": 32, **TAIL},
 }
-# The keys each structure carries that have no effect here, in file order (lars_* become real keys
-# once the LARS optimizer exists, and leave this list).
+# The keys each structure carries that have no effect here, in file order (lars_* are real keys).
 IGNORED = ["enable_modelarts", "data_url", "train_url", "checkpoint_url", "load_path", "checkpoint_path",
-           "infer_label", "start_epoch", "lars_epsilon", "lars_coefficient", "lr_decay", "lr_end_epoch",
+           "infer_label", "start_epoch", "lr_decay", "lr_end_epoch",
            "damping_init", "damping_decay", "frequency", "parameter_server", "enable_cache", "cache_session_id",
            "network_dataset", "save_graphs", "save_graphs_path", "has_trained_epoch", "has_trained_step",
            "result_path", "label_path", "img_path", "enable_predict_lite_backend", "enable_predict_lite_mindir",
@@ -145,11 +144,9 @@ def test_typos_are_still_unknown_keys_with_a_suggestion(tmp_path):
         load_config(["--config_path", str(path)])
 
 
-def test_lars_is_refused_in_one_line_until_it_exists(zoo_files):
-    if "lars_coefficient" in SCHEMA:
-        pytest.skip("the LARS optimizer exists: its keys are real keys")
-    with pytest.raises(UserInputError, match="^optimizer LARS .* not available .*--optimizer Momentum"):
-        load_config(["--config_path", str(zoo_files["imagenet2012_boost"])])
+def test_the_boost_structure_asks_for_lars_with_the_zoos_values(zoo_files):
+    cfg = load_config(["--config_path", str(zoo_files["imagenet2012_boost"])])
+    assert (cfg.optimizer, cfg.lars_coefficient, cfg.lars_epsilon) == ("LARS", 0.001, 0.0)
 
 
 def test_more_than_two_yaml_documents_is_an_error(tmp_path):
@@ -184,10 +181,10 @@ def test_zoo_cifar_structure_trains_and_evaluates(cifar_zoo_run):
 
 
 def test_zoo_boost_structure_trains_with_boost_o1(zoo_files, folder_dir, tmp_path):
-    """The Boost structure (boost_mode O1, fixed loss scale 1024, label smoothing, 1001 classes) on
-    class folders; evaluation is covered by the CIFAR-10 structure."""
+    """The Boost structure as it is (LARS, boost_mode O1, fixed loss scale 1024, label smoothing, 1001
+    classes) on class folders; evaluation is covered by the CIFAR-10 structure."""
     result = run([PYTHON, "train.py", "--config_path", str(zoo_files["imagenet2012_boost"]),
-                  "--data_path", str(folder_dir), "--output_dir", str(tmp_path), "--optimizer", "Momentum",
+                  "--data_path", str(folder_dir), "--output_dir", str(tmp_path),
                   "--num_parallel_workers", "1"] + FAST)
     assert result.returncode == 0, result.stdout + result.stderr
     folder = tmp_path / "resnet18" / "imagenet2012"
