@@ -225,7 +225,8 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
     ema_params = model.train_network.ema_params if cfg.model_ema else None
     guard = DivergenceGuard(patience=cfg.nan_patience, steps_per_epoch=steps_per_epoch, lrs=lrs,
                             skips_overflow=cfg.loss_scale_type == "dynamic", first_step=first_step,
-                            hints=divergence_hints(clip_key="clip_grad_norm", loss_scale_type=cfg.loss_scale_type))
+                            hints=divergence_hints(clip_grad_norm=cfg.clip_grad_norm,
+                                                  loss_scale_type=cfg.loss_scale_type))
     callbacks = [guard,
                  TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
                               global_batch=cfg.batch_size * cfg.grad_accumulation_steps * group_size, lrs=lrs,

@@ -3,7 +3,7 @@ weights) and a stop signal (a scheduler's SIGTERM, Ctrl-C)."""
 import math
 import os
 import signal
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -82,13 +82,12 @@ class DivergenceGuard(StepCounter):
         self.check_weights(run_context)
 
 
-def divergence_hints(*, clip_key: Optional[str], loss_scale_type: str) -> str:
-    """What to try after a divergence, naming the config keys that exist."""
+def divergence_hints(*, clip_grad_norm: float, loss_scale_type: str) -> str:
+    """What to try after a divergence, naming the config keys to change."""
     hints = ["a lower --lr_max", "more --warmup_epochs"]
-    if clip_key:
-        hints.append(f"--{clip_key}")
+    hints.append("a lower --clip_grad_norm" if clip_grad_norm > 0 else "--clip_grad_norm 1.0")
     if loss_scale_type != "dynamic":
-        hints.append("--loss_scale_type dynamic (GPU/Ascend)")
+        hints.append("--loss_scale_type dynamic")
     return ", ".join(hints)
 
 

@@ -200,7 +200,7 @@ def test_bad_values_of_the_step_keys_are_errors_naming_the_key(key, value):
     from src.config import load_config
     from src.errors import UserInputError
     from train import check_step_keys
-    extra = ["--model_ema", "True"] if key == "model_ema_decay" else []
+    extra = {"model_ema_decay": ["--model_ema", "True"], "lars_coefficient": ["--optimizer", "LARS"]}.get(key, [])
     with pytest.raises(UserInputError, match=key):
         check_step_keys(load_config(["--config_path", CONFIG, f"--{key}", value] + extra))
 
