@@ -65,7 +65,7 @@ def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *
                           image_size=cfg.train_image_size, class_num=cfg.class_num,
                           num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size,
                           shard_id=rank, seed=cfg.seed, start_epoch=start_epoch, augmentation=data_recipe(cfg),
-                          interpolation=cfg.interpolation,
+                          interpolation=cfg.interpolation, antialias=cfg.antialias,
                           skip_samples=skip_batches * batch,
                           bad_sample_file=os.path.join(folder, f"bad_samples_rank{rank}.tsv"),
                           max_bad_samples=cfg.max_bad_samples)

@@ -35,11 +35,13 @@ def test_benchmark_writes_every_field(tmp_path):
     pipelines = written["imagenet_pipelines"]
     assert pipelines["files"]["files"] == 6 and pipelines["batch_size"] == 3 and pipelines["image_size"] == 224
     assert pipelines["files"]["mean_file_kb"] > 20 and pipelines["files"]["pil_decode_ms"] > 0
+    assert pipelines["decoder"] == "libjpeg-turbo partial"  # scripts/setup_env.sh built it
     assert [(row["cores"], row["workers"]) for row in pipelines["rows"]][0] == (1, 1)  # the per-core row first
     for row in pipelines["rows"]:
         rates = [row[f"{name}_{phase}"] for name in ("ours", "native") for phase in ("train", "eval")]
-        assert all(rate > 0 for rate in rates)
+        assert all(rate > 0 for rate in rates + [row["plain_train"]])
         assert row["train_ours_over_native"] == round(row["ours_train"] / row["native_train"], 3)
+        assert row["train_plain_over_native"] == round(row["plain_train"] / row["native_train"], 3)
         assert row["eval_ours_over_native"] == round(row["ours_eval"] / row["native_eval"], 3)
         assert row["recipe_train"] > 0
         assert row["recipe_cost_over_plain"] == round(row["ours_train"] / row["recipe_train"], 3)

@@ -92,7 +92,7 @@ def test_eval_sample_matches_preprocess_eval_image(fmt):
     source = create_source(name, path, training=False)
     for i in range(5):
         raw = source.load(i)
-        pil = Image.fromarray(raw) if isinstance(raw, np.ndarray) else raw
+        pil = Image.fromarray(raw) if isinstance(raw, np.ndarray) else Image.open(source.paths[i])  # as predict.py
         np.testing.assert_allclose(images[i], preprocess_eval_image(pil, name, 32), rtol=0, atol=1e-5)
 
 

@@ -23,6 +23,7 @@ from src.checkpoint import NonFiniteWeightsError, non_finite_parameters, read_ch
 from src.dataset import AugmentedSource, EpochSampler, ImageFolderSource, create_dataset
 from src.errors import UserInputError
 from src.faults import DivergedError, DivergenceGuard
+from src.image_decode import crop_resize
 from src.files import remove_stale_temporaries
 from src.resnet import create_model
 
@@ -204,11 +205,11 @@ def test_unreadable_image_is_replaced_by_the_next_readable_one(tmp_path):
     bad = source.paths.index(str(tmp_path / "a" / "1.jpg"))
     break_image(Path(source.paths[bad]))
 
-    def identity(image, rng):
-        return np.asarray(image)
+    def whole(image, rng):
+        return crop_resize(image, (0, 0, 8, 8), (8, 8))
 
     log = BadSampleLog(str(tmp_path / "bad.tsv"), limit=1)
-    samples = AugmentedSource(source, identity, augment=True, seed=0, bad_samples=log)
+    samples = AugmentedSource(source, whole, lambda image: image, augment=True, seed=0, bad_samples=log)
     epoch = 3
     image, label = samples[epoch * len(source) + bad]
     expected_image, expected_label = samples[epoch * len(source) + bad + 1]
