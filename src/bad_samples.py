@@ -110,7 +110,7 @@ def _check_range(start: int, stop: int, source=None) -> List[Tuple[str, str]]:
     found = []
     for index in range(start, stop):
         try:
-            source.load(index)
+            source.check(index)
         except UNREADABLE_ERRORS as err:
             found.append((sample_name(source, index), reason_of(err)))
     return found

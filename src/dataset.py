@@ -107,6 +107,9 @@ class CifarBinarySource:
     def load(self, index: int) -> np.ndarray:
         return self.images[index]
 
+    def check(self, index: int) -> None:
+        """Records are raw pixels: nothing to decode."""
+
 
 def _cifar_folder(data_path: str) -> str:
     _require_folder(data_path)
@@ -143,9 +146,14 @@ class ImageFolderSource:
     def __len__(self) -> int:
         return len(self.paths)
 
-    def load(self, index: int) -> Image.Image:
-        """The image, opened lazily: the transform decodes only what its crop needs."""
+    def load(self, index: int):
+        """The image, read but not decoded: the transform decodes only what its crop needs."""
         return open_image(self.paths[index])
+
+    def check(self, index: int) -> None:
+        """Read and decode the whole image (UnreadableImageError names the file where it fails)."""
+        image = self.load(index)
+        crop_resize(image, (0, 0, image.width, image.height), image.size, mode="plain")
 
 
 def _require_folder(path: str) -> None:
@@ -228,13 +236,15 @@ class AugmentedSource:
     """Random-access source over sample keys (index = key % N); augmentation seeded by (seed, key).
 
     Draws come in a fixed order from the sample's generator: crop and flip, then the policy, then
-    the erasing box. `to_input` turns the augmented uint8 image into the network's input. With `batch_stage`, rows also carry the key and the box for the batch map.
+    the erasing box. `to_input` turns the augmented uint8 image into the network's input. With
+    `batch_stage`, rows also carry the key and the box for the batch map.
     With a `bad_samples` log, an unreadable sample (failing at open or at decode) is recorded and
     replaced by the next readable index, augmented as the key says: the replacement depends on the
     key alone, so resume stays exact. Without one, it is an error naming the file."""
 
     def __init__(self, source, transform: Callable, to_input: Callable, augment: bool, seed: int, *,
-                 policy: Optional[Callable] = None, erase_probability: float = 0.0, image_size: int = 0, batch_stage: bool = False,
+                 policy: Optional[Callable] = None, erase_probability: float = 0.0, image_size: int = 0,
+                 batch_stage: bool = False,
                  bad_samples: Optional[BadSampleLog] = None, keys_per_epoch: int = 0):
         self.source = source
         self.transform = transform
@@ -427,7 +437,8 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
                    shard_id: int = 0, seed: int = 1, start_epoch: int = 0,
                    shuffle: Optional[bool] = None, augment: Optional[bool] = None,
                    augmentation: Augmentation = PLAIN, interpolation: str = "bilinear",
-                   resize_size: int = 0, antialias: bool = True, bad_sample_file: Optional[str] = None, max_bad_samples: int = -1,
+                   resize_size: int = 0, antialias: bool = True, bad_sample_file: Optional[str] = None,
+                   max_bad_samples: int = -1,
                    skip_samples: int = 0) -> ds.Dataset:
     """A batched dataset of (image float32 CHW normalized, label int32 - or float32 soft targets
     [batch, class_num] when `augmentation` mixes batches).
@@ -468,7 +479,8 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
         bad_samples = BadSampleLog(bad_sample_file, bad_sample_limit(max_bad_samples, len(source)))
     source_rows = AugmentedSource(source, _transform(dataset, image_size, resize_size, interpolation, antialias),
                                   functools.partial(network_input, dataset=dataset, image_size=image_size,
-                                                    interpolation=interpolation), augment, seed, policy=policy, image_size=image_size,
+                                                    interpolation=interpolation),
+                                  augment, seed, policy=policy, image_size=image_size,
                                   erase_probability=augmentation.random_erase, batch_stage=batch_stage,
                                   bad_samples=bad_samples, keys_per_epoch=len(source) * sampler.repeats)
     data = ds.GeneratorDataset(source_rows, columns, sampler=sampler, **_source_workers(dataset, num_parallel_workers))

@@ -35,7 +35,7 @@ ROW_MARGIN = 24
 # Columns the partial decoder gets beyond the crop: its first and last two columns are upsampled
 # without their outer neighbours (measured: they differ from a full decode; the third does not).
 EDGE_COLUMNS = 2
-APPROXIMATE_SHRINK = 2.0
+APPROXIMATE_SHRINK = 2.0  # "fast" approximates Pillow's filter below this shrink factor (see crop_resize)
 # Pillow's widest filter (Lanczos) reads 3 source pixels per output pixel beyond the box edge.
 FILTER_REACH = 3
 _SOF_SEQUENTIAL = (0xC0, 0xC1)  # baseline and extended sequential, Huffman coded
@@ -45,7 +45,7 @@ LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"
 
 Box = Tuple[float, float, float, float]
 # How crop_resize resizes: "exact": Pillow's filter (antialiased where it shrinks); "fast": for
-# bilinear, OpenCV's approximation of Pillow's filter (`_fast_bilinear`: within a gray level on
+# bilinear, OpenCV's approximation of Pillow's filter (`_opencv_resize`: within a gray level on
 # average), other filters exact; "plain": OpenCV's interpolation without antialiasing, as the
 # model zoo's native pipeline resizes.
 RESIZE_MODES = ("exact", "fast", "plain")

@@ -23,8 +23,8 @@ from src.checkpoint import NonFiniteWeightsError, non_finite_parameters, read_ch
 from src.dataset import AugmentedSource, EpochSampler, ImageFolderSource, create_dataset
 from src.errors import UserInputError
 from src.faults import DivergedError, DivergenceGuard
-from src.image_decode import crop_resize
 from src.files import remove_stale_temporaries
+from src.image_decode import crop_resize
 from src.resnet import create_model
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
@@ -223,6 +223,20 @@ def test_unreadable_image_is_replaced_by_the_next_readable_one(tmp_path):
     assert bad_sample_limit(-1, 1_281_167) == 1282 and bad_sample_limit(-1, 200) == 1
     with pytest.raises(UserInputError, match="max_bad_samples"):
         bad_sample_limit(-2, 10)
+
+
+def test_check_data_decodes_the_whole_image(tmp_path):
+    """A JPEG whose headers are whole but whose pixel data is cut opens fine; the scan decodes it."""
+    (tmp_path / "a").mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("whole", "cut"):
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "a" / f"{name}.jpg")
+    cut = tmp_path / "a" / "cut.jpg"
+    cut.write_bytes(cut.read_bytes()[:-2000])
+    source = ImageFolderSource(str(tmp_path), training=True)
+    source.load(source.paths.index(str(cut)))  # opening reads the headers only
+    found = scan_unreadable(source)
+    assert [name for name, _ in found] == [str(cut)] and "truncated" in found[0][1]
 
 
 def test_sampler_skip_yields_the_rest_of_the_epoch():
