@@ -29,6 +29,7 @@ from src.distributed import (all_reduce_sum, check_fusion_points, fusion_split_p
 from src.errors import UserInputError, run_cli
 from src.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
 from src.files import remove_stale_temporaries
+from src.image_decode import partial_decoder
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
 from src.optimizer import check_optimizer, create_optimizer
@@ -349,6 +350,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         + (f"; EMA every {cfg.model_ema_steps} steps, alpha {model.train_network.ema_alpha.asnumpy():.6g}"
            if cfg.model_ema else "")
         + (f"; resumed from {resume_from} at global step {first_step}" if resume_from else ""))
+    if cfg.dataset == "imagenet2012" and partial_decoder() is None:
+        log("note: JPEGs are decoded with Pillow (slower): the partial decoder src/native/libjpeg_crop.so is not "
+            "built; run bash scripts/setup_env.sh (it needs cc and libjpeg-dev)")
     if cfg.dataset_sink_mode and cfg.device_target == "CPU":
         log("dataset_sink_mode: MindSpore has no CPU sink, so steps run one by one (logs stay per step)")
     callbacks[-1].install()
