@@ -416,8 +416,9 @@ def preprocess_eval_image(image: Image.Image, dataset: str, image_size: int, res
 
 def _source_workers(dataset: str, num_parallel_workers: int) -> dict:
     """How the Python source runs. CIFAR samples are array slices: one thread is fastest (more
-    only contend for the GIL; 3,800 vs 2,500 img/s measured). Folder samples are JPEGs decoded by
-    PIL: worker processes, which pay off where cores are plentiful (on 2 cores, use 1 worker)."""
+    only contend for the GIL; 3,800 vs 2,500 img/s measured). Folder samples are JPEG decodes and
+    resizes: worker processes, for hosts with cores to spare (on 2 cores a second worker added
+    nothing, threads or processes: README "ImageNet input pipeline")."""
     if dataset == "cifar10" or num_parallel_workers <= 1:
         return {"num_parallel_workers": 1, "python_multiprocessing": False}
     return {"num_parallel_workers": num_parallel_workers, "python_multiprocessing": True}
