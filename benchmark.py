@@ -68,8 +68,8 @@ class MindSporeRunner:
         from mindspore import nn
 
         from src.loss import create_loss
-        from src.optimizer import create_optimizer
         from src.resnet import create_model
+        from src.training.optimizer import create_optimizer
         self.net = create_model(net_name, num_classes=CLASSES)
         optimizer = create_optimizer(self.net, name="Momentum", learning_rate=0.01, weight_decay=1e-4)
         self.train_cell = nn.TrainOneStepCell(nn.WithLossCell(self.net, create_loss(num_classes=CLASSES)), optimizer)
@@ -118,7 +118,7 @@ class TorchRunner:
     def __init__(self, net_name: str, batch: int, size: int, threads: int):
         import torch
 
-        from src import torch_resnet
+        from src.migration import torch_resnet
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         self.torch = torch
@@ -153,7 +153,7 @@ class OnnxRunner:
     trains = False
 
     def __init__(self, files: Sequence[str], threads: int):
-        from src.inference import onnx_session
+        from src.deploy.inference import onnx_session
         start = time.perf_counter()
         self.sessions = [onnx_session(path, threads) for path in files]  # batch 1, then batch N
         self.build_s = time.perf_counter() - start
@@ -182,7 +182,7 @@ def measure_runner(runner, batch: int, *, steps: int, repeats: int, calls: int) 
 def write_data(root: str, size: int, images: int) -> Dict[str, str]:
     """Generated CIFAR-10 binary files and JPEG class folders (images a bit larger than `size`),
     at least `images` of each: the timed loops never reach the end of an epoch."""
-    from src.sample_data import write_sample_data
+    from src.data.sample_data import write_sample_data
     per_class = -(-images // CLASSES)
     write_sample_data(root, train_per_class=per_class, test_per_class=1, formats=("cifar10",))
     write_sample_data(os.path.join(root, "folders"), train_per_class=per_class, test_per_class=1,
@@ -308,7 +308,7 @@ def pipeline_settings() -> List[Tuple[int, int]]:
 
 def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
     """Our ImageNet pipeline against the native one on the same photograph-like JPEGs, per core."""
-    from src.photo_data import describe_files, write_photo_folder
+    from src.data.photo_data import describe_files, write_photo_folder
     folder = os.path.join(data_root, "photos")
     files = describe_files(write_photo_folder(folder, args.photos))
     rows = []
@@ -323,7 +323,7 @@ def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
         row["eval_ours_over_native"] = round(row["ours_eval"] / row["native_eval"], 3)
         row["recipe_cost_over_plain"] = round(row["ours_train"] / row["recipe_train"], 3)  # time per sample
         rows.append(row)
-    from src.image_decode import decoder_name
+    from src.data.image_decode import decoder_name
     return {"files": files, "decoder": decoder_name(), "batch_size": args.photo_batch, "image_size": PHOTO_SIZE,
             "rows": rows}
 
@@ -594,7 +594,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.worker:
         return serve(args)
     if args.vs_torch and importlib.util.find_spec("torch") is None:
-        from src.convert_torch import INSTALL_HINT
+        from src.migration.convert_torch import INSTALL_HINT
         raise UserInputError(f"--vs-torch needs PyTorch, which is not installed; {INSTALL_HINT}")
     configs = PRESETS[args.preset] if args.preset else [(args.net, args.batch_size, args.image_size)]
     reports = []
@@ -605,7 +605,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(format_table(reports))
     print(format_pipeline_table(pipelines))
     if args.json:
-        from src.config import write_atomic
+        from src.files import write_atomic
         write_atomic(args.json, json.dumps({"reports": reports, "imagenet_pipelines": pipelines}, indent=2) + "\n")
         print(f"report written to {args.json}")
     return 0

@@ -11,14 +11,14 @@ rank reports the totals of the whole split.
 import json
 from typing import Optional, Sequence
 
-from src.checkpoint import load_into_network
 from src.config import load_config
 from src.dataset import create_eval_dataset
 from src.device import cap_workers, init_device
-from src.distributed import init_distributed, launcher_device_id, local_rank_count
 from src.errors import UserInputError, run_cli
-from src.metrics import evaluate
 from src.resnet import create_model
+from src.training.checkpoint import load_into_network
+from src.training.distributed import init_distributed, launcher_device_id, local_rank_count
+from src.training.metrics import evaluate
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -30,12 +30,12 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import mindspore as ms
 
-from src.checkpoint import load_into_network
 from src.config import Config, load_config
+from src.deploy.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input
 from src.device import init_device
 from src.errors import UserInputError, run_cli
-from src.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input
 from src.resnet import create_model
+from src.training.checkpoint import load_into_network
 
 FILE_FORMATS = {"MINDIR": ".mindir", "ONNX": ".onnx", "AIR": ".air"}
 DYNAMIC_FORMATS = ("MINDIR",)  # MindSpore 2.10 refuses a dynamic shape for ONNX; AIR is fixed too

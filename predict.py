@@ -25,10 +25,10 @@ import numpy as np
 from PIL import Image
 
 from src.dataset import DATASETS, IMAGE_EXTENSIONS, preprocess_eval_image
+from src.deploy.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
+                                  softmax, top_k)
 from src.device import DEVICE_TARGETS, init_device
 from src.errors import OneLineParser, UserInputError, run_cli
-from src.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
-                           softmax, top_k)
 
 
 def build_parser() -> argparse.ArgumentParser:

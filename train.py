@@ -16,27 +16,27 @@ import mindspore as ms
 import mindspore.dataset as mds
 from mindspore.train import Model
 
-from src.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
-from src.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
-                           StepCounter, TrainMonitor)
-from src.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches, network_params,
-                            raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
 from src.config import Config, load_config, run_dir, save_config
+from src.data.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
+from src.data.image_decode import partial_decoder
 from src.dataset import Augmentation, create_dataset, create_eval_dataset, create_source, set_start_epoch
 from src.device import cap_workers, init_device
-from src.distributed import (all_reduce_sum, check_fusion_points, fusion_split_points, init_distributed,
-                             launcher_device_id, local_rank_count, set_data_parallel)
 from src.errors import UserInputError, run_cli
-from src.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
 from src.files import remove_stale_temporaries
-from src.image_decode import partial_decoder
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
-from src.optimizer import check_optimizer, create_optimizer
-from src.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.resnet import create_model
-from src.run_record import RunRecord
-from src.train_step import NetWithLoss, TrainStep, check_ema_decay, ema_schedule
+from src.training.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
+                                    StepCounter, TrainMonitor)
+from src.training.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches, network_params,
+                                     raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
+from src.training.distributed import (all_reduce_sum, check_fusion_points, fusion_split_points, init_distributed,
+                                      launcher_device_id, local_rank_count, set_data_parallel)
+from src.training.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
+from src.training.optimizer import check_optimizer, create_optimizer
+from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
+from src.training.run_record import RunRecord
+from src.training.train_step import NetWithLoss, TrainStep, check_ema_decay, ema_schedule
 
 BOOST_MODES = ("O0", "O1", "O2")
 
@@ -351,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            if cfg.model_ema else "")
         + (f"; resumed from {resume_from} at global step {first_step}" if resume_from else ""))
     if cfg.dataset == "imagenet2012" and partial_decoder() is None:
-        log("note: JPEGs are decoded with Pillow (slower): the partial decoder src/native/libjpeg_crop.so is not "
+        log("note: JPEGs are decoded with Pillow (slower): the partial decoder src/data/native/libjpeg_crop.so is not "
             "built; run bash scripts/setup_env.sh (it needs cc and libjpeg-dev)")
     if cfg.dataset_sink_mode and cfg.device_target == "CPU":
         log("dataset_sink_mode: MindSpore has no CPU sink, so steps run one by one (logs stay per step)")

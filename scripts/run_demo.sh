@@ -8,7 +8,7 @@ DATA="$ROOT/data/sample"
 CONFIG="$ROOT/config/sample_resnet18.yaml"
 OUTPUT="$ROOT/output/demo/$(date +%Y%m%d_%H%M%S)"   # a new run folder each time: nothing is overwritten
 if [[ ! -f "$DATA/cifar10/test_batch.bin" ]]; then
-    "$PY" -m src.sample_data "$DATA"
+    "$PY" -m src.data.sample_data "$DATA"
 fi
 bash "$ROOT/scripts/run_standalone_train.sh" "$DATA/cifar10" "$CONFIG" --output_dir "$OUTPUT" "$@"
 CKPT=$(ls -t "$OUTPUT"/resnet18/cifar10/resnet18-*.ckpt | head -n 1)   # the last epoch

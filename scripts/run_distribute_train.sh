@@ -93,7 +93,7 @@ if [[ -z $RANK_TABLE ]]; then
     if [[ $DRY_RUN -eq 1 ]]; then show "${COMMAND[@]}"; exit 0; fi
     mkdir -p "$LOG_DIR"
     export PATH="$ROOT/.venv/bin:$PATH"   # msrun starts `python` from PATH
-    export LOCAL_WORKER_NUM=$LOCAL_WORKERS   # each rank's share of this node's cores (src/distributed.py)
+    export LOCAL_WORKER_NUM=$LOCAL_WORKERS   # each rank's share of this node's cores (src/training/distributed.py)
     FIRST_LOG="$LOG_DIR/worker_$((NODE_RANK * LOCAL_WORKERS)).log"
     # Its own session: a terminal's Ctrl-C reaches this script only (msrun would SIGKILL the ranks);
     # the trap below passes the signal to the ranks, which stop cleanly.

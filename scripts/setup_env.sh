@@ -24,18 +24,18 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PY" -m venv "$VENV"
 fi
 
-# libjpeg-turbo's partial JPEG decoder for the ImageNet pipeline (src/native/jpeg_crop.c): built
+# libjpeg-turbo's partial JPEG decoder for the ImageNet pipeline (src/data/native/jpeg_crop.c): built
 # when missing or older than its source. Without a C compiler and libjpeg's headers the pipeline
 # decodes with Pillow instead (slower; see README "ImageNet input pipeline").
-DECODER_SOURCE="$ROOT/src/native/jpeg_crop.c"
-DECODER="$ROOT/src/native/libjpeg_crop.so"
+DECODER_SOURCE="$ROOT/src/data/native/jpeg_crop.c"
+DECODER="$ROOT/src/data/native/libjpeg_crop.so"
 if [[ ! -f $DECODER || $DECODER_SOURCE -nt $DECODER ]]; then
-    if ${CC:-cc} -O2 -fPIC -shared -fvisibility=hidden "$DECODER_SOURCE" -o "$DECODER.tmp" -ljpeg 2>"$ROOT/src/native/build.log"; then
+    if ${CC:-cc} -O2 -fPIC -shared -fvisibility=hidden "$DECODER_SOURCE" -o "$DECODER.tmp" -ljpeg 2>"$ROOT/src/data/native/build.log"; then
         mv "$DECODER.tmp" "$DECODER"
-        rm -f "$ROOT/src/native/build.log"
+        rm -f "$ROOT/src/data/native/build.log"
     else
         rm -f "$DECODER.tmp"
-        echo "note: the partial JPEG decoder did not build (see src/native/build.log; it needs a C compiler and libjpeg-turbo's headers: apt-get install gcc libjpeg-dev); JPEGs will be decoded with Pillow" >&2
+        echo "note: the partial JPEG decoder did not build (see src/data/native/build.log; it needs a C compiler and libjpeg-turbo's headers: apt-get install gcc libjpeg-dev); JPEGs will be decoded with Pillow" >&2
     fi
 fi
 

@@ -12,9 +12,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from src.errors import UserInputError
-from src.files import atomic_target, write_failure
-from src.zoo_config import (IGNORED_KEYS, RENAMED_KEYS, check_optimizer_available, ignored_line,
-                            refuse_if_active, translate_zoo_keys)
+from src.files import write_atomic
+from src.migration.zoo_config import (IGNORED_KEYS, RENAMED_KEYS, check_optimizer_available, ignored_line,
+                                      refuse_if_active, translate_zoo_keys)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")
@@ -248,7 +248,7 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
     is its own schema), and apply `--key value` overrides from argv.
 
     Model-zoo config files and command lines work as they are: their keys are translated
-    (src/zoo_config.py); the keys with no effect here are named in `Config.notes`."""
+    (src/migration/zoo_config.py); the keys with no effect here are named in `Config.notes`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pairs = split_overrides([a for a in argv if a not in ("-h", "--help")])
     path = default_path
@@ -300,19 +300,6 @@ def _zoo_cli_value(key: str, text: Optional[str]) -> Any:
 def run_dir(cfg: Config) -> str:
     """The run folder: output_dir/<net_name>/<dataset>."""
     return os.path.join(cfg.output_dir, cfg.net_name, cfg.dataset)
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write text to path through a temporary file and a rename, so readers never see half a file;
-    a failed write is one WriteError naming `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as err:
-        raise write_failure(path, err) from None
-    with atomic_target(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
 
 
 def save_config(cfg: Config, path: str) -> None:

@@ -22,13 +22,13 @@ from PIL import Image
 import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
 
-from src.auto_augment import create_policy, interpolation_mode
-from src.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
-from src.batch_mixing import check_mixing, mix_batch
+from src.data.auto_augment import create_policy, interpolation_mode
+from src.data.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
+from src.data.batch_mixing import check_mixing, mix_batch
+from src.data.image_decode import crop_resize, open_image
+from src.data.random_erasing import erase, erase_box
 from src.device import worker_budget
 from src.errors import UserInputError
-from src.image_decode import crop_resize, open_image
-from src.random_erasing import erase, erase_box
 
 DATASETS = ("cifar10", "imagenet2012")
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
@@ -211,7 +211,7 @@ def folder_train_transform(image, size: int, rng: np.random.Generator,
                            interpolation: str = "bilinear", antialias: bool = True) -> np.ndarray:
     """ImageNet augmentation: random resized crop to size x size, flip half the time. The resize
     antialiases as Pillow does (bilinear: OpenCV's approximation of it) or, without `antialias`,
-    samples as the model zoo's native pipeline does (src/image_decode.py RESIZE_MODES)."""
+    samples as the model zoo's native pipeline does (src/data/image_decode.py RESIZE_MODES)."""
     left, top, crop_w, crop_h = random_resized_crop_box(image.width, image.height, rng)
     array = crop_resize(image, (left, top, left + crop_w, top + crop_h), (size, size), pil_interpolation(interpolation),
                         mode="fast" if antialias else "plain")

@@ -45,6 +45,19 @@ def atomic_target(path: str) -> Iterator[str]:
             os.remove(tmp)
 
 
+def write_atomic(path: str, text: str) -> None:
+    """Write text to path through a temporary file and a rename, so readers never see half a file;
+    a failed write is one WriteError naming `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise write_failure(path, err) from None
+    with atomic_target(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+
 def remove_stale_temporaries(folder: str) -> List[str]:
     """Remove our own temporary files (TMP_PREFIX) left in `folder` by killed runs; returns them."""
     if not os.path.isdir(folder):

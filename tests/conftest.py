@@ -13,8 +13,8 @@ PYTHON = sys.executable
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GLOG_v", "3")
 
+from src.data.sample_data import write_sample_data  # noqa: E402
 from src.device import prefer_fast_cpu_convolutions  # noqa: E402
-from src.sample_data import write_sample_data  # noqa: E402
 
 prefer_fast_cpu_convolutions()
 

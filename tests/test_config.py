@@ -226,7 +226,8 @@ def test_every_config_file_loads_with_the_reference_keys(path):
 def test_importing_the_modules_does_not_parse_argv():
     code = ("import sys; sys.argv = ['x', '--bogus', 'value']; "
             "import src.config, src.dataset, src.resnet, src.lr_schedule, src.loss, "
-            "src.optimizer, src.callbacks, src.checkpoint, src.device, src.train_step")
+            "src.training.optimizer, src.training.callbacks, src.training.checkpoint, src.device, "
+            "src.training.train_step")
     result = run([PYTHON, "-c", code], cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
 

@@ -1,6 +1,6 @@
 """PyTorch migration: name mapping, torchvision <-> MindSpore conversion, model-zoo import, parity.
 
-The PyTorch side is src/torch_resnet.py (torchvision's architecture and keys; torchvision itself
+The PyTorch side is src/migration/torch_resnet.py (torchvision's architecture and keys; torchvision itself
 has no CPU-only build). torch is a test dependency (requirements-dev.txt); the name-mapping tests
 run without it.
 """
@@ -17,12 +17,12 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from conftest import PYTHON, run
-from src import convert_torch as ct
-from src.checkpoint import is_training_state
+from src.migration import convert_torch as ct
 from src.resnet import ARCHS, create_model
+from src.training.checkpoint import is_training_state
 
-CONVERT = [PYTHON, "-m", "src.convert_torch"]
-PARITY = [PYTHON, "-m", "src.parity"]
+CONVERT = [PYTHON, "-m", "src.migration.convert_torch"]
+PARITY = [PYTHON, "-m", "src.migration.parity"]
 CLASSES = {"resnet18": 10, "resnet50": 1000}
 
 
@@ -139,7 +139,7 @@ def make_torch_resnet(arch: str, num_classes: int, seed: int):
     relative grow to ~1e-4 on the logits, in either framework against the other), which would test
     the random network's conditioning instead of the conversion."""
     import torch
-    from src import torch_resnet
+    from src.migration import torch_resnet
 
     torch.manual_seed(seed)
     model = getattr(torch_resnet, arch)(num_classes=num_classes)
@@ -213,7 +213,7 @@ def test_parity_logits_agree_within_1e_4(arch, torch_files, converted):
     pth, _ = torch_files[arch]
     ckpt, _ = converted[arch]
     result = run(PARITY + ["--arch", arch, "--pth", str(pth), "--ckpt", str(ckpt), "--image_size", "64",
-                           "--batch_size", "2", "--torch_model", f"src.torch_resnet:{arch}"])
+                           "--batch_size", "2", "--torch_model", f"src.migration.torch_resnet:{arch}"])
     report = last_json(ok(result))
     stages = report["stages"]
     assert list(stages) == ["stem", "layer1", "layer2", "layer3", "layer4", "logits"]
@@ -231,7 +231,7 @@ def test_parity_logits_agree_within_1e_4(arch, torch_files, converted):
 @pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
 def test_round_trip_pth_ckpt_pth_is_exact(arch, torch_files, converted, tmp_path):
     import torch
-    from src import torch_resnet
+    from src.migration import torch_resnet
 
     _, state = torch_files[arch]
     ckpt, _ = converted[arch]
@@ -249,7 +249,7 @@ def test_model_zoo_checkpoint_imports(converted, tmp_path):
     """A zoo-style resnet18 training checkpoint (bn1d/bn2d, down_sample_layer, end_point with 1001
     classes, Momentum slots, lr and step) converts with the same command, to .ckpt and to .pth."""
     import torch
-    from src import torch_resnet
+    from src.migration import torch_resnet
 
     ours = ms.load_checkpoint(str(converted["resnet18"][0]))
     rng = np.random.default_rng(3)
@@ -329,7 +329,7 @@ def test_malicious_pth_is_refused_without_running_it(torch_files, tmp_path):
         assert not marker.exists() and not out.exists()
     path, marker = payloads["zip", "attack"]
     line = one_line_error(run(PARITY + ["--arch", "resnet18", "--pth", str(path), "--ckpt", "none.ckpt",
-                                        "--torch_model", "src.torch_resnet:resnet18"]))
+                                        "--torch_model", "src.migration.torch_resnet:resnet18"]))
     assert "refused" in line and not marker.exists()
 
 
@@ -354,7 +354,7 @@ def test_not_a_state_dict_is_a_clear_error(tmp_path):
 def test_without_torch_the_command_says_how_to_install_it(torch_files, tmp_path):
     pth, _ = torch_files["resnet18"]
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from src.errors import run_cli; from src.convert_torch import main; run_cli(main)")
+            "from src.errors import run_cli; from src.migration.convert_torch import main; run_cli(main)")
     line = one_line_error(run([PYTHON, "-c", code, "--arch", "resnet18", "--pth", str(pth),
                                "--ckpt", str(tmp_path / "x.ckpt")]))
     assert "pip install torch==2.13.0+cpu" in line and "CPU build" in line
@@ -367,7 +367,7 @@ def test_parity_without_torchvision_asks_for_torch_model(torch_files, converted)
     pth, _ = torch_files["resnet18"]
     ckpt, _ = converted["resnet18"]
     line = one_line_error(run(PARITY + ["--arch", "resnet18", "--pth", str(pth), "--ckpt", str(ckpt)]))
-    assert "torchvision is not installed" in line and "--torch_model src.torch_resnet:resnet18" in line
+    assert "torchvision is not installed" in line and "--torch_model src.migration.torch_resnet:resnet18" in line
 
 
 def test_parity_locates_a_wrong_parameter(torch_files, converted, tmp_path):
@@ -385,7 +385,7 @@ def test_parity_locates_a_wrong_parameter(torch_files, converted, tmp_path):
     broken = tmp_path / "broken.ckpt"
     ms.save_checkpoint(entries, str(broken))
     result = run(PARITY + ["--arch", "resnet18", "--pth", str(pth), "--ckpt", str(broken), "--image_size", "64",
-                           "--torch_model", "src.torch_resnet:resnet18"])
+                           "--torch_model", "src.migration.torch_resnet:resnet18"])
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     report = last_json(result.stdout)
     assert report["ok"] is False

@@ -3,7 +3,7 @@ import os
 
 from conftest import PYTHON, run
 
-from src.sample_data import write_sample_data
+from src.data.sample_data import write_sample_data
 
 
 def conv_implementations(verbose_output: str, kernel: str = "kh3"):

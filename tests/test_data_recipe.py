@@ -11,13 +11,13 @@ from mindspore import Tensor
 from PIL import Image
 
 from conftest import PYTHON, REPO, run
-from src.auto_augment import (AUGMIX_OPS, BASIC_OPS, POLICIES, TrivialAugmentWide, apply_op, create_policy,
-                              magnitude_bins, ops_in)
-from src.batch_mixing import cutmix, cutmix_box, mix_batch, one_hot
+from src.data.auto_augment import (AUGMIX_OPS, BASIC_OPS, POLICIES, TrivialAugmentWide, apply_op, create_policy,
+                                   magnitude_bins, ops_in)
+from src.data.batch_mixing import cutmix, cutmix_box, mix_batch, one_hot
+from src.data.random_erasing import erase, erase_box
 from src.dataset import Augmentation, EpochSampler, create_dataset, folder_eval_transform
 from src.errors import UserInputError
 from src.loss import CrossEntropySmooth
-from src.random_erasing import erase, erase_box
 
 RAMP = np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, axis=2)
 FULL_RECIPE = Augmentation(auto_augment="ta_wide", random_erase=0.25, mixup_alpha=0.2, cutmix_alpha=1.0, ra_reps=2)
@@ -120,7 +120,7 @@ def test_trivial_augment_draws_ops_and_bins_uniformly():
 
 
 def test_policy_tables_and_op_sets():
-    from src.auto_augment import _POLICY_TABLES, parse_policy_table
+    from src.data.auto_augment import _POLICY_TABLES, parse_policy_table
     for table in _POLICY_TABLES.values():
         policy = parse_policy_table(table)
         assert len(policy) == 25 and all(len(sub) == 2 for sub in policy)

@@ -13,11 +13,11 @@ import pytest
 import mindspore as ms
 
 from conftest import PYTHON, REPO, run, wait_for_step
-from src.checkpoint import ema_part, network_part, read_checkpoint, training_position
-from src.distributed import check_fusion_points, fusion_split_points
 from src.errors import UserInputError
-from src.precision import create_loss_scale_manager, resolve_amp_level
 from src.resnet import create_model
+from src.training.checkpoint import ema_part, network_part, read_checkpoint, training_position
+from src.training.distributed import check_fusion_points, fusion_split_points
+from src.training.precision import create_loss_scale_manager, resolve_amp_level
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 DIST_SH = str(REPO / "scripts" / "run_distribute_train.sh")

@@ -81,9 +81,9 @@ def exported(workdir, checkpoints):
 def reference_logits(net_name: str, ckpt: Path, dataset: str, data: Path) -> Tuple[np.ndarray, np.ndarray]:
     """The checkpoint network on the evaluation pipeline of src/dataset.py: (logits, labels)."""
     import mindspore as ms
-    from src.checkpoint import load_into_network
     from src.dataset import create_dataset
     from src.resnet import create_model
+    from src.training.checkpoint import load_into_network
     net = create_model(net_name, num_classes=10)
     load_into_network(net, str(ckpt))
     net.set_train(False)

@@ -17,15 +17,15 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 
 from conftest import PYTHON, REPO, run
-from src.bad_samples import BadSampleLog, bad_sample_limit, scan_unreadable
-from src.callbacks import EvalMonitor
-from src.checkpoint import NonFiniteWeightsError, non_finite_parameters, read_checkpoint, save_atomic
+from src.data.bad_samples import BadSampleLog, bad_sample_limit, scan_unreadable
+from src.data.image_decode import crop_resize
 from src.dataset import AugmentedSource, EpochSampler, ImageFolderSource, create_dataset
 from src.errors import UserInputError
-from src.faults import DivergedError, DivergenceGuard
 from src.files import remove_stale_temporaries
-from src.image_decode import crop_resize
 from src.resnet import create_model
+from src.training.callbacks import EvalMonitor
+from src.training.checkpoint import NonFiniteWeightsError, non_finite_parameters, read_checkpoint, save_atomic
+from src.training.faults import DivergedError, DivergenceGuard
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"

@@ -1,4 +1,4 @@
-"""The fast JPEG paths (src/image_decode.py) against the full decode the pipeline used before them.
+"""The fast JPEG paths (src/data/image_decode.py) against the full decode the pipeline used before them.
 
 libjpeg-turbo's partial decoder must give a full decode's pixels inside the region it returns.
 For the same key, training must draw the same crop box and flip from the same generator; its
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from src.bad_samples import UnreadableImageError
+from src.data.bad_samples import UnreadableImageError
+from src.data.image_decode import (EDGE_COLUMNS, JpegFile, crop_resize, dct_scale, decode_jpeg_region, jpeg_frame,
+                                   open_image, partial_decoder, _decode_with_pillow)
+from src.data.photo_data import render_photo
 from src.dataset import EVAL_CROP_RATIO, folder_eval_transform, folder_train_transform, random_resized_crop_box
-from src.image_decode import (EDGE_COLUMNS, JpegFile, crop_resize, dct_scale, decode_jpeg_region, jpeg_frame,
-                              open_image, partial_decoder, _decode_with_pillow)
-from src.photo_data import render_photo
 
 SIZE = 224
 GRAY_LEVEL = 1.0  # the stated tolerance: mean absolute difference, in 0-255 levels
@@ -66,7 +66,7 @@ def full_decode(path: str) -> Image.Image:
 
 
 def test_the_partial_decoder_is_built_and_takes_rgb_and_gray_jpegs(photos):
-    assert partial_decoder() is not None  # scripts/setup_env.sh builds src/native/libjpeg_crop.so
+    assert partial_decoder() is not None  # scripts/setup_env.sh builds src/data/native/libjpeg_crop.so
     kinds = [type(open_image(path)) for path in photos]
     assert kinds[:6] == [JpegFile] * 6  # baseline, progressive and grayscale JPEGs
     assert [kind is JpegFile for kind in kinds[6:]] == [False, False]  # CMYK JPEG, PNG: Pillow

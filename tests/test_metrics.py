@@ -3,7 +3,7 @@ import numpy as np
 
 import mindspore as ms
 
-from src.metrics import ClassificationCounts, summarize
+from src.training.metrics import ClassificationCounts, summarize
 
 
 def counts(logits, labels) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""src/optimizer.py: weight decay on conv/dense weights only; Momentum and Adam."""
+"""src/training/optimizer.py: weight decay on conv/dense weights only; Momentum and Adam."""
 import re
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 from mindspore import Tensor, nn
 
 from src.errors import UserInputError
-from src.optimizer import create_optimizer, decayed_parameter_names, param_groups
 from src.resnet import create_model
+from src.training.optimizer import create_optimizer, decayed_parameter_names, param_groups
 
 CONV_OR_FC_WEIGHT = re.compile(r"(^conv1\.weight$|\.conv\d\.weight$|\.downsample\.0\.weight$|^fc\.weight$)")
 

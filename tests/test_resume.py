@@ -15,7 +15,7 @@ from PIL import Image
 import mindspore as ms
 
 from conftest import PYTHON, REPO, run, wait_for_step
-from src.checkpoint import EMA_PREFIX, network_part, read_checkpoint, rotate
+from src.training.checkpoint import EMA_PREFIX, network_part, read_checkpoint, rotate
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
@@ -100,8 +100,8 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_di
 
 
 def test_eval_and_export_use_the_ema_weights_or_say_there_are_none(uninterrupted, cifar_dir, tmp_path):
-    from src.checkpoint import load_into_network
     from src.resnet import create_model
+    from src.training.checkpoint import load_into_network
     path = uninterrupted / "resnet18-3_12.ckpt"
     stored = weights(path)
     net = create_model("resnet18", num_classes=10)

@@ -1,11 +1,11 @@
-"""src/sample_data.py: deterministic sample data in CIFAR-10 binary and JPEG class-folder formats."""
+"""src/data/sample_data.py: deterministic sample data in CIFAR-10 binary and JPEG class-folder formats."""
 import os
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from src.sample_data import CIFAR_RECORD_BYTES, CLASS_NAMES, main, make_split, write_sample_data
+from src.data.sample_data import CIFAR_RECORD_BYTES, CLASS_NAMES, main, make_split, write_sample_data
 
 
 def tree_bytes(root):

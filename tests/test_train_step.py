@@ -1,4 +1,4 @@
-"""src/train_step.py: the one training step checked against independent computations: the stock
+"""src/training/train_step.py: the one training step checked against independent computations: the stock
 MindSpore cell, one big batch, a NumPy clip, a NumPy EMA recurrence and a run without the
 overflowing batch. These run in PyNative mode, where they are cheapest; train.py compiles the same
 cell in GRAPH mode in tests/test_resume.py and tests/test_distributed.py."""
@@ -9,11 +9,11 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from conftest import PYTHON, REPO, run
-from src.checkpoint import EMA_PREFIX
 from src.loss import create_loss
-from src.optimizer import create_optimizer
 from src.resnet import create_model
-from src.train_step import EmaSchedule, NetWithLoss, TrainStep, ema_schedule
+from src.training.checkpoint import EMA_PREFIX
+from src.training.optimizer import create_optimizer
+from src.training.train_step import EmaSchedule, NetWithLoss, TrainStep, ema_schedule
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 IMAGE = 8  # small images keep resnet18 cheap; the step does not care about the size

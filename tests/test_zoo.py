@@ -196,10 +196,10 @@ def test_zoo_boost_structure_trains_with_boost_o1(zoo_files, folder_dir, tmp_pat
 def test_zoo_checkpoint_evaluates_like_the_converted_one(cifar_zoo_run, zoo_files, cifar_dir, tmp_path):
     """The run's checkpoint renamed as the zoo names it (bn1d/bn2d, down_sample_layer, end_point, with
     optimizer slots) evaluates through eval.py to the top-1 of the run's own evaluation; converting it
-    (src.convert_torch) gives back exactly the run's tensors, so the converted file scores the same."""
+    (src.migration.convert_torch) gives back exactly the run's tensors, so the converted file scores the same."""
     import mindspore as ms
-    from src.checkpoint import zoo_to_ms_name
-    from src.convert_torch import read_source
+    from src.migration.convert_torch import read_source
+    from src.training.checkpoint import zoo_to_ms_name
     folder, _ = cifar_zoo_run
     ours = ms.load_checkpoint(str(folder / "resnet18-1_3.ckpt"))
     renames = {"downsample": "down_sample_layer", "fc": "end_point"}
@@ -224,8 +224,8 @@ def test_zoo_checkpoint_evaluates_like_the_converted_one(cifar_zoo_run, zoo_file
     assert all(np.array_equal(converted[name], value.asnumpy()) for name, value in network.items())
 
     # as --pre_trained (with a fresh head): the backbone arrives, the log line names the mapping
-    from src.checkpoint import load_pretrained
     from src.resnet import create_model
+    from src.training.checkpoint import load_pretrained
     net, lines = create_model("resnet18", num_classes=10), []
     skipped = load_pretrained(net, str(zoo_ckpt), head=["fc.weight", "fc.bias"], filter_weight=True,
                               what="resnet18", log=lines.append)
@@ -286,7 +286,7 @@ def test_worker_budget_is_the_core_share_per_local_rank():
 
 
 def test_local_ranks_come_from_the_launcher(monkeypatch):
-    from src.distributed import local_rank_count
+    from src.training.distributed import local_rank_count
     monkeypatch.delenv("LOCAL_WORKER_NUM", raising=False)
     assert local_rank_count(False, 8) == 1 and local_rank_count(True, 8) == 8
     monkeypatch.setenv("LOCAL_WORKER_NUM", "4")  # two nodes of 4 ranks

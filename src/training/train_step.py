@@ -19,8 +19,8 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.communication import get_group_size
 
-from src.checkpoint import EMA_PREFIX, STEP_COUNTER
 from src.errors import UserInputError
+from src.training.checkpoint import EMA_PREFIX, STEP_COUNTER
 
 _add = ops.MultitypeFuncGraph("add")
 _scale = ops.MultitypeFuncGraph("scale")

@@ -6,7 +6,7 @@
  * the region's last row leaves the rest of the file unread. The pixels are those of a full decode
  * at the same scale (same DCT method and upsampling as a plain decode).
  *
- * Called from Python through ctypes (src/image_decode.py); built by scripts/setup_env.sh.
+ * Called from Python through ctypes (src/data/image_decode.py); built by scripts/setup_env.sh.
  */
 #include <setjmp.h>
 #include <stdio.h>

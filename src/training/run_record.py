@@ -4,8 +4,7 @@ import csv
 import os
 from typing import Dict, List, Optional
 
-from src.config import write_atomic
-from src.files import atomic_target, write_failure
+from src.files import atomic_target, write_atomic, write_failure
 
 COLUMNS = ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time", "bad_samples", "ema_top_1",
            "ema_top_5"]

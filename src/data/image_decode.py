@@ -1,7 +1,7 @@
 """Decode only the part of a JPEG that a crop needs, at the coarsest resolution that still serves it.
 
 Decoding dominates the ImageNet pipeline's cost. Two decoders, with the same savings where they can:
-- libjpeg-turbo's partial decoder (`src/native/jpeg_crop.c`, built by scripts/setup_env.sh, used
+- libjpeg-turbo's partial decoder (`src/data/native/jpeg_crop.c`, built by scripts/setup_env.sh, used
   when built): it entropy-decodes the rows down to the crop's last one, runs the inverse DCT,
   upsampling and colour conversion only for the crop's rows and columns, and never reads the rest.
 - Pillow (when the library is not built, and for files it does not take: PNG, CMYK JPEGs): rows
@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from src.bad_samples import UnreadableImageError
+from src.data.bad_samples import UnreadableImageError
 
 DCT_SCALES = (8, 4, 2)
 # A reduced decode must keep twice the output's pixels per side: the filter then still does the

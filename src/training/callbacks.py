@@ -14,12 +14,11 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 from mindspore.train import Callback
 
-from src.checkpoint import (BEST_NAME, EMA_PREFIX, NonFiniteWeightsError, checkpoint_name, ema_part, list_checkpoints,
-                            rotate, save_atomic)
-from src.config import write_atomic
-from src.files import warn_if_low_space
-from src.metrics import evaluate
-from src.run_record import RunRecord
+from src.files import warn_if_low_space, write_atomic
+from src.training.checkpoint import (BEST_NAME, EMA_PREFIX, NonFiniteWeightsError, checkpoint_name, ema_part,
+                                     list_checkpoints, rotate, save_atomic)
+from src.training.metrics import evaluate
+from src.training.run_record import RunRecord
 
 
 def loss_value(outputs) -> float:

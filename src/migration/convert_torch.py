@@ -1,8 +1,8 @@
 """Convert ResNet weights between torchvision (.pth), the MindSpore model zoo (.ckpt) and this repo.
 
-    python -m src.convert_torch --arch resnet50 --pth resnet50-0676ba61.pth --ckpt resnet50_tv.ckpt
-    python -m src.convert_torch --arch resnet50 --ckpt_in resnet50_zoo.ckpt --ckpt resnet50.ckpt
-    python -m src.convert_torch --arch resnet50 --ckpt_in resnet50.ckpt --pth_out resnet50.pth
+    python -m src.migration.convert_torch --arch resnet50 --pth resnet50-0676ba61.pth --ckpt resnet50_tv.ckpt
+    python -m src.migration.convert_torch --arch resnet50 --ckpt_in resnet50_zoo.ckpt --ckpt resnet50.ckpt
+    python -m src.migration.convert_torch --arch resnet50 --ckpt_in resnet50.ckpt --pth_out resnet50.pth
 
 The input is a torchvision-style state dict (bare, or under `state_dict` / `model` /
 `model_state_dict` of a training checkpoint, with or without a `module.` prefix), read with
@@ -23,12 +23,12 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-# common_prefix and zoo_to_ms_name live with the loader (one name mapping); src.parity imports them from here.
-from src.checkpoint import (common_prefix, is_training_state, load_into_network, read_checkpoint,  # noqa: F401
-                            repo_name, zoo_to_ms_name)
+# common_prefix and zoo_to_ms_name live with the loader (one name mapping); src.migration.parity imports them from here.
 from src.device import prefer_fast_cpu_convolutions
 from src.errors import OneLineParser, UserInputError, require_module, run_cli
 from src.resnet import ARCHS, create_model
+from src.training.checkpoint import (common_prefix, is_training_state, load_into_network, read_checkpoint,  # noqa: F401
+                                     repo_name, zoo_to_ms_name)
 
 TORCH_PIN = "torch==2.13.0+cpu"
 INSTALL_HINT = (f"pip install {TORCH_PIN} (the CPU build: from https://download.pytorch.org/whl/cpu, or "
@@ -411,7 +411,7 @@ def convert(arch: str, source: Source, *, ckpt: Optional[str], pth_out: Optional
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = OneLineParser(
-        prog="python -m src.convert_torch",
+        prog="python -m src.migration.convert_torch",
         description="Convert ResNet weights: torchvision .pth or MindSpore/model-zoo .ckpt -> this repo's "
                     ".ckpt (--ckpt) or a torchvision state dict (--pth_out).")
     parser.add_argument("--arch", required=True, choices=list(ARCHS), help="this repo's network")

@@ -1,7 +1,8 @@
 """Check that a converted checkpoint computes what the PyTorch network computes, stage by stage.
 
-    python -m src.parity --arch resnet50 --pth resnet50-0676ba61.pth --ckpt resnet50_tv.ckpt
-    python -m src.parity --arch resnet50 --pth IN.pth --ckpt OUT.ckpt --torch_model src.torch_resnet:resnet50
+    python -m src.migration.parity --arch resnet50 --pth resnet50-0676ba61.pth --ckpt resnet50_tv.ckpt
+    python -m src.migration.parity --arch resnet50 --pth IN.pth --ckpt OUT.ckpt \
+        --torch_model src.migration.torch_resnet:resnet50
 
 Both networks get the same seeded input in eval mode. For the stem (conv1, bn1, relu, maxpool),
 layer1..layer4 and the logits it prints the max abs difference, the largest PyTorch magnitude,
@@ -22,12 +23,12 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from src.checkpoint import load_into_network
-from src.convert_torch import common_prefix, find_state_dict, guess_arch, import_torch, listed, \
-    load_torch_file, torch_to_ms_name
 from src.device import DEVICE_TARGETS, init_device
 from src.errors import OneLineParser, UserInputError, run_cli
+from src.migration.convert_torch import common_prefix, find_state_dict, guess_arch, import_torch, listed, \
+    load_torch_file, torch_to_ms_name
 from src.resnet import ARCHS, create_model
+from src.training.checkpoint import load_into_network
 
 STAGES = ("stem", "layer1", "layer2", "layer3", "layer4", "logits")
 # The PyTorch module whose output is each stage's output.
@@ -41,7 +42,7 @@ def resolve_factory(spec: Optional[str], arch: str) -> Tuple[str, Callable]:
         if importlib.util.find_spec("torchvision") is None:
             raise UserInputError(f"torchvision is not installed, so there is no default PyTorch {arch}; pass "
                                  f"--torch_model package.module:factory building a torchvision-structured "
-                                 f"ResNet (e.g. --torch_model src.torch_resnet:{arch})")
+                                 f"ResNet (e.g. --torch_model src.migration.torch_resnet:{arch})")
         spec = f"torchvision.models:{arch}"
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -132,7 +133,7 @@ def compare(reference: np.ndarray, other: np.ndarray) -> Dict[str, object]:
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = OneLineParser(
-        prog="python -m src.parity",
+        prog="python -m src.migration.parity",
         description="Compare a PyTorch ResNet (.pth) with its converted MindSpore checkpoint, stage by stage.")
     parser.add_argument("--arch", required=True, choices=list(ARCHS))
     parser.add_argument("--pth", required=True, help="the PyTorch state dict (read with weights_only=True)")

@@ -5,7 +5,7 @@ He et al., "Deep Residual Learning for Image Recognition" (2015), Table 1, with 
 `state_dict()` has torchvision's keys (`conv1.weight`, `bn1.running_mean`,
 `layer2.0.downsample.0.weight`, `fc.bias`, ...) in torchvision's order. The tests use it as the
 PyTorch side of the conversion and parity checks (torchvision has no CPU-only build to install);
-it also serves `python -m src.parity --torch_model src.torch_resnet:resnet50`.
+it also serves `python -m src.migration.parity --torch_model src.migration.torch_resnet:resnet50`.
 """
 from typing import List, Optional, Type, Union
 

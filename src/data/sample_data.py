@@ -4,7 +4,7 @@ ImageNet-style tree of JPEG class folders. Deterministic for a seed.
 Each class is a shape (stripes, checkerboard, disc, ring, square, cross, triangle, ...) drawn in
 a colour near the class's own hue, at a random place and size, over a noisy background.
 
-    python -m src.sample_data data/sample            # both formats, default sizes
+    python -m src.data.sample_data data/sample            # both formats, default sizes
 """
 import argparse
 import colorsys

@@ -7,9 +7,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from src.callbacks import StepCounter, loss_value
-from src.checkpoint import non_finite_parameters
 from src.errors import UserInputError
+from src.training.callbacks import StepCounter, loss_value
+from src.training.checkpoint import non_finite_parameters
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -5,8 +5,8 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Metric, Model
 
-from src.distributed import all_reduce_sum
 from src.loss import create_loss
+from src.training.distributed import all_reduce_sum
 
 
 class ClassificationCounts(Metric):

@@ -1,0 +1,1 @@
+"""Running exported files (MINDIR, ONNX) outside training."""

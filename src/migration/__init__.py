@@ -1,0 +1,2 @@
+"""Coming from elsewhere: PyTorch weights in and out, the parity check and its PyTorch mirror
+network, and the model zoo's config keys."""

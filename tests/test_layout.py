@@ -1,0 +1,73 @@
+"""The layout of src/: import directions one way, no circles, few modules at the top (README "Layout")."""
+import ast
+from pathlib import Path
+from typing import Dict, Set
+
+REPO = Path(__file__).resolve().parents[1]
+ENTRY_POINTS = {"train", "eval", "export", "predict", "benchmark"}
+BUILDING_BLOCKS = {"src.errors", "src.files", "src.device"}
+LEAF_FACES = {"src.resnet", "src.loss", "src.lr_schedule"}   # faces that sub-packages may use
+COMPOSING_FACES = {"src.config", "src.dataset"}              # only entry points import these
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: Set[str]) -> Set[str]:
+    """Project modules `path` imports anywhere in its body (function-level imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if name in known or name.split(".")[0] in ENTRY_POINTS)
+    return found
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    paths = {module_name(p): p for p in (REPO / "src").rglob("*.py")}
+    known = set(paths)
+    return {name: imported_modules(path, known) - {name} for name, path in paths.items()}
+
+
+def test_src_top_level_keeps_the_faces_and_at_most_12_modules():
+    top = sorted(p.name for p in (REPO / "src").glob("*.py"))
+    assert len(top) <= 12, top
+    for face in ("config.py", "dataset.py", "resnet.py", "loss.py", "lr_schedule.py"):
+        assert face in top
+    packages = sorted(p.parent.name for p in (REPO / "src").glob("*/__init__.py"))
+    assert packages == ["data", "deploy", "migration", "training"]
+
+
+def test_imports_go_one_way():
+    graph = import_graph()
+    for module, imports in graph.items():
+        assert not {name for name in imports if name.split(".")[0] in ENTRY_POINTS}, module
+        if module not in COMPOSING_FACES:
+            assert not imports & COMPOSING_FACES, f"{module} imports {imports & COMPOSING_FACES}"
+        if module in BUILDING_BLOCKS | LEAF_FACES:
+            below = {name for name in imports if name != "src"}
+            assert below <= BUILDING_BLOCKS, f"{module} imports {below - BUILDING_BLOCKS}"
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    state: Dict[str, int] = {}   # 1 on the current path, 2 done
+
+    def visit(module, path):
+        state[module] = 1
+        for target in graph.get(module, ()):
+            assert state.get(target) != 1, " -> ".join(path + [target])
+            if target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert len(state) == len(graph) > 25
