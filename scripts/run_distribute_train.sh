@@ -220,9 +220,23 @@ else
     ranks_alive() { local pid; for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
     while [[ -n $STOP_SIGNAL ]] && ranks_alive; do wait "${PIDS[@]}"; done
 fi
+# A stop signal sent to another node's launcher: this node's ranks stopped cleanly after the same
+# step (and exited 143, which msrun counts as a failure).
+stopped_elsewhere() {
+    local log found=0
+    for log in "$LOG_DIR"/worker_*.log "$LOG_DIR"/rank_*.log; do
+        [[ -f $log ]] || continue
+        grep -q "stopped by SIGTERM after global step" "$log" || return 1
+        found=1
+    done
+    [[ $found -eq 1 ]]
+}
+if [[ -z $STOP_SIGNAL && $STATUS -ne 0 ]] && stopped_elsewhere; then
+    STOP_SIGNAL=TERM; STOP_WHERE=" (sent to another node's launcher)"
+fi
 if [[ -n $STOP_SIGNAL ]]; then
     sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null
-    echo "error: stopped by SIG$STOP_SIGNAL; continue with the same command and --resume True (logs in $LOG_DIR)" >&2
+    echo "error: stopped by SIG$STOP_SIGNAL${STOP_WHERE:-}; continue with the same command and --resume True (logs in $LOG_DIR)" >&2
     exit $((128 + $(kill -l "$STOP_SIGNAL")))
 fi
 sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null

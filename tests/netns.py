@@ -2,8 +2,11 @@
 address and (through `unshare --uts`) its own hostname, as msrun needs for a multi-node job.
 
 The addresses form a private /24 that exists only inside the namespaces; nothing leaves them."""
+import contextlib
+import functools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 from contextlib import contextmanager
@@ -12,6 +15,7 @@ from typing import Iterator, List, Optional, Sequence
 SUBNET = "10.213.7"
 
 
+@functools.lru_cache(maxsize=None)
 def unavailable() -> Optional[str]:
     """Why namespaces cannot be made here (None: they can)."""
     if os.geteuid() != 0:
@@ -51,7 +55,12 @@ class Nodes:
             _ip("-n", name, "link", "set", "lo", "up")
 
     def delete(self) -> None:
-        for name in self.names:  # deleting a namespace deletes its end of the veth pair, and so both
+        """Kill whatever still runs inside the namespaces, then remove them (and so the veth pair)."""
+        for name in self.names:
+            listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+            for pid in listed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
 
     def command(self, node: int, args: Sequence[str]) -> List[str]:
