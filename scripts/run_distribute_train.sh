@@ -72,8 +72,8 @@ done
 # position --node_rank). A dry run may name a table of another machine: then ranks are counted.
 TABLE_RANKS=()
 if [[ -n $RANK_TABLE && -f $RANK_TABLE ]]; then
-    mapfile -t TABLE_RANKS < <("$PY" -m src.training.node_check rank_table --file "$RANK_TABLE" --node_rank "$NODE_RANK") ||
-        exit 2
+    TABLE_VIEW=$("$PY" -m src.training.node_check rank_table --file "$RANK_TABLE" --node_rank "$NODE_RANK") || exit 2
+    mapfile -t TABLE_RANKS <<< "$TABLE_VIEW"
     TABLE_SIZE=${TABLE_RANKS[0]#RANK_SIZE }; TABLE_RANKS=("${TABLE_RANKS[@]:1}")
     [[ -z $WORKERS || $WORKERS -eq $TABLE_SIZE ]] ||
         die "--workers $WORKERS differs from the $TABLE_SIZE ranks in $RANK_TABLE; leave --workers out with a rank table"
