@@ -98,7 +98,7 @@ count_devices() {
     case $1 in
         Ascend) ls /dev/davinci[0-9]* 2>/dev/null | wc -l ;;
         GPU) (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' ;;
-        CPU) nproc ;;
+        CPU) env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc ;;   # nproc obeys these; cores are wanted
     esac
 }
 

@@ -5,12 +5,13 @@ import json
 import os
 from importlib import metadata
 import re
+import signal
 import socket
 import subprocess
 
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, run, wait_for_step
 from netns import free_port, two_nodes, unavailable
 from src.errors import UserInputError
 from src.training.distributed import check_output_storage, check_resume_agreement, writes_run_folder
@@ -139,3 +140,25 @@ def test_a_resume_that_finds_no_checkpoint_on_one_node_says_so():
                                          "rank 0 resumes from global step 4")
     with pytest.raises(UserInputError, match="different checkpoints"):
         check_resume_agreement([4, 2], 1, "out/run")
+
+
+def test_a_rank_killed_mid_run_is_named_by_the_launcher(cifar_dir, tmp_path):
+    """msrun reports a dead worker by process id only; the launcher names its rank."""
+    launcher = subprocess.Popen(["bash", DIST_SH, str(cifar_dir), CONFIG, "--device_target", "CPU", "--output_dir",
+                                 str(tmp_path), "--workers", "2", "--master_port", str(free_port()),
+                                 "--epoch_size", "1", "--log_interval", "1", "--run_eval", "False"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    try:
+        wait_for_step(tmp_path / "resnet18" / "cifar10", 1, launcher)
+        (pids,) = (tmp_path / "resnet18" / "cifar10" / "logs").glob("*/rank_pids.txt")
+        victim = next(pid for pid, rank in (line.split() for line in pids.read_text().splitlines()) if rank == "1")
+        os.kill(int(victim), signal.SIGKILL)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode != 0
+    assert stderr.strip().splitlines()[-1].startswith(
+        "error: rank 1 on this node (node 0) was killed by signal 9; msrun stopped this node's other ranks")

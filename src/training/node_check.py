@@ -126,7 +126,7 @@ def visible_devices(device_target: str) -> str:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         return ("nvidia-smi present" if found else "no nvidia-smi") + (
             f"; CUDA_VISIBLE_DEVICES={visible}" if visible else "")
-    return "CPU (one process per rank)"
+    return "one process per rank on the cores"
 
 
 def free_memory_gib() -> Optional[float]:
@@ -171,7 +171,7 @@ def report(*, device_target: str, master_addr: str, master_port: int, node_rank:
              f"mindspore: {ms_version}"]
     if device_target == "Ascend":
         lines.append(f"cann: {cann_version()}")
-    lines += [f"devices: {device_target} {visible_devices(device_target)}",
+    lines += [f"devices: {device_target}, {visible_devices(device_target)}",
               f"cores: {cores}",
               "free memory: " + (f"{memory:.1f} GiB" if memory is not None else "unknown"),
               f"free disk: {disk:.1f} GiB in {where} (run folder {output_folder})",
