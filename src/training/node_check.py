@@ -33,24 +33,27 @@ def resolve(address: str) -> str:
                              f"IP address") from None
 
 
-def is_local_address(address: str) -> bool:
-    """True when this machine owns `address` (it can bind to it)."""
+def _udp_socket_can(address: str, connect: bool) -> bool:
+    """Whether a UDP socket can connect to `address` (a route exists; nothing is sent) or bind to it."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
-            sock.bind((address, 0))
+            if connect:
+                sock.connect((address, 9))
+            else:
+                sock.bind((address, 0))
         except OSError:
             return False
     return True
+
+
+def is_local_address(address: str) -> bool:
+    """True when this machine owns `address`."""
+    return _udp_socket_can(address, connect=False)
 
 
 def has_route(address: str) -> bool:
-    """True when this machine has a route to `address` (connecting a UDP socket sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect((address, 9))
-        except OSError:
-            return False
-    return True
+    """True when this machine has a route to `address`."""
+    return _udp_socket_can(address, connect=True)
 
 
 def check_master_address(master_addr: str, node_rank: int) -> str:
