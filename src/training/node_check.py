@@ -218,8 +218,8 @@ def explain_failure(log_dir: str, *, node_rank: int, nodes: int, master: str, cl
                 f"command on every node (--node_rank 0..{nodes - 1}) and check --master_addr/--master_port")
     lost = TIMED_OUT_RANK.search(_read(os.path.join(log_dir, "scheduler.log")))
     if lost and int(lost.group(1)) not in logs:
-        return (f"rank {lost.group(1)} on another node stopped answering (it failed or its node was lost); this "
-                f"node's ranks stopped within --cluster_time_out {cluster_time_out} s; see that node's logs")
+        return (f"rank {lost.group(1)} on another node stopped answering (it failed or its node was lost), so this "
+                f"node's ranks stopped; see that node's logs")
     pids = dict(line.split() for line in _read(os.path.join(log_dir, "rank_pids.txt")).splitlines()
                 if len(line.split()) == 2)
     exited = WORKER_EXIT.search(_read(os.path.join(log_dir, "msrun.log")))
