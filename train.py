@@ -30,8 +30,9 @@ from src.training.callbacks import (CheckpointSaver, EvalMonitor, FinalState, Pr
                                     StepCounter, TrainMonitor)
 from src.training.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches, network_params,
                                      raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
-from src.training.distributed import (all_reduce_sum, check_fusion_points, fusion_split_points, init_distributed,
-                                      launcher_device_id, local_rank_count, set_data_parallel)
+from src.training.distributed import (all_gather_ints, all_reduce_sum, check_fusion_points, check_output_storage,
+                                      check_resume_agreement, fusion_split_points, init_distributed,
+                                      launcher_device_id, local_rank_count, set_data_parallel, writes_run_folder)
 from src.training.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
@@ -217,10 +218,11 @@ def create_ema_twin(cfg: Config):
     return twin
 
 
-def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, group_size: int,
+def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, writer: bool, group_size: int,
                      steps_per_epoch: int, lrs: np.ndarray, first_step: int, eval_dataset,
                      record: Optional[RunRecord], log, bad_samples, argv: Sequence[str]) -> list:
-    """Logging, evaluation, checkpoints, the run record and profiling; files from rank 0 only.
+    """Logging, evaluation, checkpoints, the run record and profiling; files from the `writer`
+    ranks only (rank 0, or each node's first rank with node-local storage).
     The divergence guard comes first (nothing after it sees NaN weights at an epoch end), the
     stop-signal handler last (it stops after the step's or the epoch's other work)."""
     ema_params = model.train_network.ema_params if cfg.model_ema else None
@@ -238,10 +240,10 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
                                      ema_params=ema_params, dataset=eval_dataset, num_classes=cfg.class_num,
                                      group_size=group_size, epoch_size=cfg.epoch_size,
                                      eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
-                                     best_folder=folder if cfg.save_best_ckpt and rank == 0 else None,
+                                     best_folder=folder if cfg.save_best_ckpt and writer else None,
                                      best_top1=best_top1(folder) if first_step else -1.0, record=record, log=log))
     saver = None
-    if rank == 0:
+    if writer:
         saver = CheckpointSaver(folder=folder, net_name=cfg.net_name, steps_per_epoch=steps_per_epoch,
                                 epoch_size=cfg.epoch_size, save_epochs=cfg.save_checkpoint_epochs,
                                 save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
@@ -260,7 +262,7 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
 def graceful_stop(cfg: Config, *, steps_per_epoch: int, first_step: int, saver: Optional[CheckpointSaver],
                   record: Optional[RunRecord], group_size: int, log, argv: Sequence[str]) -> GracefulStop:
     """The stop-signal handler. With several ranks, they agree after every step on whether to stop
-    (one small allreduce), and wait for rank 0's checkpoint before they exit."""
+    (one small allreduce), and wait for the writers' checkpoints before they exit."""
     def agree(flag: int) -> int:
         if group_size == 1:
             return flag
@@ -296,6 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = load_config(argv, prog="train.py")
     check_step_keys(cfg)
+    check_output_storage(cfg.output_storage)
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
     init_device(cfg.device_target, mode_name=cfg.mode_name,
                 device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
@@ -303,6 +306,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     seed_everything(cfg.seed)
     folder = run_dir(cfg)
+    writer = writes_run_folder(rank, local_ranks, cfg.output_storage)
     log = print if rank == 0 else (lambda message: print(f"[rank {rank}] {message}", flush=True))
     cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
     for note in cfg.notes + ([workers_note] if workers_note else []):
@@ -326,11 +330,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if resume_from:
         start_epoch, first_step = resume_position(resume_from, net, model, steps_per_epoch, cfg.epoch_size,
                                                   mid_epoch=not real_sink(cfg))
-    elif rank == 0:
+    elif writer:
         check_fresh_run_folder(folder, cfg.net_name)
+    if group_size > 1 and (cfg.resume or cfg.resume_ckpt):
+        check_resume_agreement(all_gather_ints(first_step if resume_from else -1, rank, group_size),
+                               local_ranks, folder)
     set_start_epoch(dataset, start_epoch)
     record = None
-    if rank == 0:
+    if writer:
         os.makedirs(folder, exist_ok=True)
         removed = remove_stale_temporaries(folder)
         if removed:
@@ -338,7 +345,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         save_config(cfg, os.path.join(folder, "config.yaml"))
         record = RunRecord(folder, resume_step=first_step if resume_from else None)
     dataset.bad_samples.reset()
-    callbacks = create_callbacks(cfg, net=net, model=model, folder=folder, rank=rank, group_size=group_size,
+    callbacks = create_callbacks(cfg, net=net, model=model, folder=folder, rank=rank, writer=writer,
+                                 group_size=group_size,
                                  steps_per_epoch=steps_per_epoch, lrs=lrs, first_step=first_step,
                                  eval_dataset=eval_dataset, record=record, log=log,
                                  bad_samples=dataset.bad_samples, argv=argv)

@@ -17,8 +17,16 @@ Options:
   --device_target T  Ascend (default), GPU or CPU
   --master_addr A    address of node 0 (default 127.0.0.1)
   --master_port P    port on node 0 (default 8118)
-  --node_rank R      this node's index for multi-node msrun (default 0)
+  --node_rank R      this node's index for multi-node msrun (default 0); with a rank table, this
+                     server's position in its server_list
+  --cluster_time_out S  seconds msrun waits for every node to join and for a lost rank (default 600,
+                     as msrun's; negative waits forever)
+  --check            print what this node has and would start (versions, devices, cores, memory,
+                     disk, whether node 0 answers, its ranks) and exit; trains nothing
   --dry_run          print the launch command(s) and exit
+
+Several servers: the same command on every server, --node_rank 0..N-1, --master_addr of node 0
+(README "Two servers and more").
 Other --KEY VALUE pairs are config overrides for train.py.
 
 Logs: <run folder>/logs/<time>/worker_<rank>.log (msrun) or rank_<rank>.log (rank table); the console
@@ -37,7 +45,8 @@ if [[ ${1:-} == *.json ]]; then RANK_TABLE=$1; shift; fi
 [[ $# -ge 2 && ${1:0:2} != -- && ${2:0:2} != -- ]] || { usage >&2; die "DATASET_PATH and CONFIG_PATH are required"; }
 DATASET_PATH=$1; CONFIG_PATH=$2; shift 2
 zoo_trailing_args "$@"; shift "$ZOO_COUNT"
-WORKERS=8; LOCAL_WORKERS=""; DEVICE_TARGET=Ascend; MASTER_ADDR=127.0.0.1; MASTER_PORT=8118; NODE_RANK=0; DRY_RUN=0
+WORKERS=""; LOCAL_WORKERS=""; DEVICE_TARGET=Ascend; MASTER_ADDR=127.0.0.1; MASTER_PORT=8118; NODE_RANK=0; DRY_RUN=0
+CLUSTER_TIME_OUT=600; CHECK=0
 OVERRIDES=()
 needs_value() { [[ $# -ge 2 ]] || die "$1 needs a value; see $(basename "$0") --help"; }
 while [[ $# -gt 0 ]]; do
@@ -48,17 +57,37 @@ while [[ $# -gt 0 ]]; do
         --master_addr) needs_value "$@"; MASTER_ADDR=$2; shift 2 ;;
         --master_port) needs_value "$@"; MASTER_PORT=$2; shift 2 ;;
         --node_rank) needs_value "$@"; NODE_RANK=$2; shift 2 ;;
+        --cluster_time_out) needs_value "$@"; CLUSTER_TIME_OUT=$2; shift 2 ;;
+        --check) CHECK=1; shift ;;
         --dry_run) DRY_RUN=1; shift ;;
         *) OVERRIDES+=("$1"); shift ;;
     esac
 done
-LOCAL_WORKERS=${LOCAL_WORKERS:-$WORKERS}
 case $DEVICE_TARGET in Ascend|GPU|CPU) ;; *) die "unknown --device_target '$DEVICE_TARGET'; choose Ascend, GPU or CPU" ;; esac
-for n in "$WORKERS" "$LOCAL_WORKERS" "$MASTER_PORT" "$NODE_RANK"; do
+for n in "${WORKERS:-8}" "${LOCAL_WORKERS:-1}" "$MASTER_PORT" "$NODE_RANK"; do
     [[ $n =~ ^[0-9]+$ ]] || die "expected a whole number, got '$n'"
 done
+[[ $CLUSTER_TIME_OUT =~ ^-?[0-9]+$ ]] || die "--cluster_time_out expects whole seconds, got '$CLUSTER_TIME_OUT'"
+# A rank table fixes the job: its size, and this server's ranks and devices (the server at
+# position --node_rank). A dry run may name a table of another machine: then ranks are counted.
+TABLE_RANKS=()
+if [[ -n $RANK_TABLE && -f $RANK_TABLE ]]; then
+    TABLE_VIEW=$("$PY" -m src.training.node_check rank_table --file "$RANK_TABLE" --node_rank "$NODE_RANK") || exit 2
+    mapfile -t TABLE_RANKS <<< "$TABLE_VIEW"
+    TABLE_SIZE=${TABLE_RANKS[0]#RANK_SIZE }; TABLE_RANKS=("${TABLE_RANKS[@]:1}")
+    [[ -z $WORKERS || $WORKERS -eq $TABLE_SIZE ]] ||
+        die "--workers $WORKERS differs from the $TABLE_SIZE ranks in $RANK_TABLE; leave --workers out with a rank table"
+    WORKERS=$TABLE_SIZE; LOCAL_WORKERS=${#TABLE_RANKS[@]}
+fi
+WORKERS=${WORKERS:-8}
+LOCAL_WORKERS=${LOCAL_WORKERS:-$WORKERS}
 [[ $WORKERS -ge 1 && $LOCAL_WORKERS -ge 1 && $LOCAL_WORKERS -le $WORKERS ]] ||
     die "--local_workers ($LOCAL_WORKERS) must be between 1 and --workers ($WORKERS)"
+[[ -n ${TABLE_SIZE:-} || $((WORKERS % LOCAL_WORKERS)) -eq 0 ]] ||
+    die "--workers $WORKERS is not a multiple of --local_workers $LOCAL_WORKERS; every node runs the same number of ranks"
+NODES=$((WORKERS / LOCAL_WORKERS))
+[[ -n ${TABLE_SIZE:-} || $NODE_RANK -lt $NODES ]] ||
+    die "--node_rank $NODE_RANK is outside the job: $WORKERS workers / $LOCAL_WORKERS per node make $NODES node(s), numbered 0..$((NODES - 1))"
 [[ -f $CONFIG_PATH ]] || die "config file not found: $CONFIG_PATH"
 if [[ $DRY_RUN -eq 0 ]]; then   # a dry run only prints, so it may name paths of another machine
     [[ -z $RANK_TABLE || -f $RANK_TABLE ]] || die "rank table not found: $RANK_TABLE"
@@ -69,7 +98,7 @@ count_devices() {
     case $1 in
         Ascend) ls /dev/davinci[0-9]* 2>/dev/null | wc -l ;;
         GPU) (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' ;;
-        CPU) echo 1000000 ;;
+        CPU) env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc ;;   # nproc obeys these; cores are wanted
     esac
 }
 
@@ -80,16 +109,25 @@ if [[ $DRY_RUN -eq 1 ]]; then
 else
     require_env
     AVAILABLE=$(count_devices "$DEVICE_TARGET")
+    UNIT="$DEVICE_TARGET devices"; [[ $DEVICE_TARGET == CPU ]] && UNIT="CPU cores (one rank each)"
     [[ $LOCAL_WORKERS -le $AVAILABLE ]] ||
-        die "asked for $LOCAL_WORKERS $DEVICE_TARGET devices on this node but found $AVAILABLE; lower --workers/--local_workers"
+        die "asked for $LOCAL_WORKERS $UNIT on this node but found $AVAILABLE; lower --workers/--local_workers"
+    if [[ -z $RANK_TABLE ]]; then
+        "$PY" -m src.training.node_check address --master_addr "$MASTER_ADDR" --node_rank "$NODE_RANK" || exit 2
+    fi
     RUN_DIR=$(resolve_run_dir "${TRAIN_ARGS[@]}") || exit $?
+fi
+if [[ $CHECK -eq 1 ]]; then
+    exec "$PY" -m src.training.node_check report --device_target "$DEVICE_TARGET" --master_addr "$MASTER_ADDR" \
+        --master_port "$MASTER_PORT" --node_rank "$NODE_RANK" --workers "$WORKERS" --local_workers "$LOCAL_WORKERS" \
+        --output_folder "$RUN_DIR" ${RANK_TABLE:+--file "$RANK_TABLE"}
 fi
 LOG_DIR="$RUN_DIR/logs/$(date +%Y%m%d_%H%M%S)"   # a folder per launch: a resumed run keeps the old logs
 
 if [[ -z $RANK_TABLE ]]; then
     COMMAND=(msrun --worker_num="$WORKERS" --local_worker_num="$LOCAL_WORKERS" --master_addr="$MASTER_ADDR"
              --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True
-             --cluster_time_out=600 "$ROOT/train.py" "${TRAIN_ARGS[@]}")
+             --cluster_time_out="$CLUSTER_TIME_OUT" "$ROOT/train.py" "${TRAIN_ARGS[@]}")
     if [[ $DRY_RUN -eq 1 ]]; then show "${COMMAND[@]}"; exit 0; fi
     mkdir -p "$LOG_DIR"
     export PATH="$ROOT/.venv/bin:$PATH"   # msrun starts `python` from PATH
@@ -100,21 +138,25 @@ if [[ -z $RANK_TABLE ]]; then
     setsid "${COMMAND[@]}" > "$LOG_DIR/msrun.log" 2>&1 &
     LAUNCHER=$!
 else
-    FIRST_RANK=$((NODE_RANK * LOCAL_WORKERS))
+    if [[ ${#TABLE_RANKS[@]} -eq 0 ]]; then   # a dry run without the table: ranks in order
+        for ((i = 0; i < LOCAL_WORKERS; i++)); do TABLE_RANKS+=("$((NODE_RANK * LOCAL_WORKERS + i)) $i"); done
+    fi
     if [[ $DRY_RUN -eq 1 ]]; then
-        for ((i = 0; i < LOCAL_WORKERS; i++)); do
-            printf 'RANK_TABLE_FILE=%q RANK_SIZE=%s RANK_ID=%s DEVICE_ID=%s ' "$RANK_TABLE" "$WORKERS" $((FIRST_RANK + i)) "$i"
+        for pair in "${TABLE_RANKS[@]}"; do
+            read -r rank device <<< "$pair"
+            printf 'RANK_TABLE_FILE=%q RANK_SIZE=%s RANK_ID=%s DEVICE_ID=%s ' "$RANK_TABLE" "$WORKERS" "$rank" "$device"
             show "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}"
         done
         exit 0
     fi
     mkdir -p "$LOG_DIR"
-    FIRST_LOG="$LOG_DIR/rank_$FIRST_RANK.log"
+    FIRST_LOG="$LOG_DIR/rank_${TABLE_RANKS[0]%% *}.log"
     PIDS=()
     export LOCAL_WORKER_NUM=$LOCAL_WORKERS
-    for ((i = 0; i < LOCAL_WORKERS; i++)); do
-        RANK_TABLE_FILE=$RANK_TABLE RANK_SIZE=$WORKERS RANK_ID=$((FIRST_RANK + i)) DEVICE_ID=$i \
-            setsid "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}" > "$LOG_DIR/rank_$((FIRST_RANK + i)).log" 2>&1 &
+    for pair in "${TABLE_RANKS[@]}"; do
+        read -r rank device <<< "$pair"
+        RANK_TABLE_FILE=$RANK_TABLE RANK_SIZE=$WORKERS RANK_ID=$rank DEVICE_ID=$device \
+            setsid "$PY" "$ROOT/train.py" "${TRAIN_ARGS[@]}" > "$LOG_DIR/rank_$rank.log" 2>&1 &
         PIDS+=($!)
     done
     # Wait for all ranks; the first failure stops the others instead of leaving them hanging.
@@ -142,6 +184,19 @@ rank_pids() {
         [[ $(ps -o sid= -p "$pid" | tr -d ' ') == "$pid" ]] && echo "$pid"
     done
 }
+# msrun's log names a failed rank by its process id only: keep "pid rank" of this node's ranks.
+record_rank_pids() {
+    local pid found
+    while kill -0 "$LAUNCHER" 2>/dev/null; do
+        found=()
+        for pid in $(rank_pids); do
+            found+=("$pid $(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^RANK_ID=//p')")
+        done
+        if [[ ${#found[@]} -ge $LOCAL_WORKERS ]]; then printf '%s\n' "${found[@]}" > "$LOG_DIR/rank_pids.txt"; return; fi
+        sleep 0.5
+    done
+}
+[[ -z $RANK_TABLE ]] && record_rank_pids &
 # First SIGTERM/SIGINT: pass SIGTERM to the ranks, which finish their step, save (rank 0) and
 # exit; a second one kills them at once.
 STOP_SIGNAL=""
@@ -165,13 +220,31 @@ else
     ranks_alive() { local pid; for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
     while [[ -n $STOP_SIGNAL ]] && ranks_alive; do wait "${PIDS[@]}"; done
 fi
+# A stop signal sent to another node's launcher: this node's ranks stopped cleanly after the same
+# step (and exited 143, which msrun counts as a failure).
+stopped_elsewhere() {
+    local log found=0
+    for log in "$LOG_DIR"/worker_*.log "$LOG_DIR"/rank_*.log; do
+        [[ -f $log ]] || continue
+        grep -q "stopped by SIGTERM after global step" "$log" || return 1
+        found=1
+    done
+    [[ $found -eq 1 ]]
+}
+if [[ -z $STOP_SIGNAL && $STATUS -ne 0 ]] && stopped_elsewhere; then
+    STOP_SIGNAL=TERM; STOP_WHERE=" (sent to another node's launcher)"
+fi
 if [[ -n $STOP_SIGNAL ]]; then
     sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null
-    echo "error: stopped by SIG$STOP_SIGNAL; continue with the same command and --resume True (logs in $LOG_DIR)" >&2
+    echo "error: stopped by SIG$STOP_SIGNAL${STOP_WHERE:-}; continue with the same command and --resume True (logs in $LOG_DIR)" >&2
     exit $((128 + $(kill -l "$STOP_SIGNAL")))
 fi
 sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null
-if [[ $STATUS -ne 0 ]]; then
+if [[ $STATUS -ne 0 && -z $RANK_TABLE ]]; then
+    echo "error: $("$PY" -m src.training.node_check explain --log_dir "$LOG_DIR" --node_rank "$NODE_RANK" \
+        --workers "$WORKERS" --local_workers "$LOCAL_WORKERS" --master_addr "$MASTER_ADDR" \
+        --master_port "$MASTER_PORT" --cluster_time_out "$CLUSTER_TIME_OUT")" >&2
+elif [[ $STATUS -ne 0 ]]; then
     echo "error: distributed training failed (exit $STATUS); see the logs in $LOG_DIR" >&2
 fi
 exit $STATUS

@@ -13,6 +13,7 @@ import pytest
 import mindspore as ms
 
 from conftest import PYTHON, REPO, run, wait_for_step
+from netns import free_port, two_nodes, unavailable
 from src.errors import UserInputError
 from src.resnet import create_model
 from src.training.checkpoint import ema_part, network_part, read_checkpoint, training_position
@@ -111,6 +112,100 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_leaves_a_resumable_checkpo
     stopped, complete = read_checkpoint(str(saved)), read_checkpoint(str(out / "dp" / RUN / f"resnet18-1_{STEPS}.ckpt"))
     assert training_position(stopped, str(saved)) == (0, step)
     assert {k: v.shape for k, v in stopped.items()} == {k: v.shape for k, v in complete.items()}
+
+
+def start_node(nodes, node: int, port: int, cifar_dir, out: Path, extra=()) -> subprocess.Popen:
+    """One node's launcher, inside its namespace, as a user runs it on one of two servers (one rank
+    each), with a run folder on the node's own disk."""
+    args = ["bash", DIST_SH, str(cifar_dir), CONFIG, "--workers", "2", "--local_workers", "1", "--node_rank", str(node),
+            "--master_addr", nodes.addresses[0], "--master_port", str(port), "--device_target", "CPU",
+            "--cluster_time_out", "60", "--output_dir", str(out / f"node{node}"), "--output_storage", "node_local",
+            "--batch_size", "8", "--dataset_sink_mode", "True", *COMMON, *extra]
+    return subprocess.Popen(nodes.command(node, args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def kill_all(launchers) -> None:
+    for launcher in launchers:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)  # msrun and its ranks: two_nodes() kills what runs inside
+            launcher.wait()
+
+
+def finish(launchers, timeout: int = 300) -> list:
+    """(exit code, stdout, stderr) of each launcher; none is left running."""
+    results = []
+    try:
+        for launcher in launchers:
+            stdout, stderr = launcher.communicate(timeout=timeout)
+            results.append((launcher.returncode, stdout, stderr))
+    finally:
+        kill_all(launchers)
+    return results
+
+
+@pytest.fixture
+def namespaces_allowed():
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.usefixtures("namespaces_allowed")
+def test_two_nodes_train_the_weights_of_one_node(runs, cifar_dir, tmp_path):
+    """Two network namespaces as two servers (own address, own hostname), one rank each: the
+    weights equal the one-node two-rank run's, and each node keeps its own checkpoint."""
+    out, launched, _ = runs
+    assert launched.returncode == 0
+    with two_nodes() as nodes:
+        port = free_port()
+        results = finish([start_node(nodes, node, port, cifar_dir, tmp_path) for node in (0, 1)])
+    for code, _, stderr in results:
+        assert code == 0, stderr[-3000:]
+    one_node = trainable(out / "dp" / RUN / f"resnet18-1_{STEPS}.ckpt")
+    for node in (0, 1):
+        folder = tmp_path / f"node{node}" / RUN
+        worst = max(float(np.abs(trainable(folder / f"resnet18-1_{STEPS}.ckpt")[name] - one_node[name]).max())
+                    for name in one_node)
+        print(f"node {node}'s checkpoint vs the one-node two-rank run: max abs difference {worst:.2e}")
+        assert worst < 1e-5, worst
+        (log,) = (folder / "logs").glob(f"*/worker_{node}.log")
+        assert f"step {STEPS}/{STEPS}" in log.read_text()
+    states = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("node*/" + str(RUN) + "/final_state_rank*.json"))]
+    assert [s["rank"] for s in states] == [0, 1]
+    assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
+
+
+@pytest.mark.usefixtures("namespaces_allowed")
+def test_sigterm_to_one_node_stops_both_and_both_resume_exactly(runs, cifar_dir, tmp_path):
+    out, launched, _ = runs
+    assert launched.returncode == 0
+    with two_nodes() as nodes:
+        port = free_port()
+        launchers = [start_node(nodes, node, port, cifar_dir, tmp_path) for node in (0, 1)]
+        try:
+            wait_for_step(tmp_path / "node1" / RUN, 2, launchers[1])
+        except BaseException:
+            kill_all(launchers)
+            raise
+        launchers[1].send_signal(signal.SIGTERM)  # node 1's launcher itself: `ip netns exec` and unshare exec it
+        stopped = finish(launchers)
+        steps = []
+        for node, (code, _, stderr) in enumerate(stopped):
+            assert code == 128 + signal.SIGTERM, stderr[-3000:]
+            assert "stopped by SIGTERM" in stderr.strip().splitlines()[-1]
+            (saved,) = (tmp_path / f"node{node}" / RUN).glob("resnet18-1_*.ckpt")
+            steps.append(int(saved.stem.split("_")[1]))
+        assert steps[0] == steps[1] and 2 <= steps[0] < STEPS  # every rank stopped after the same step
+        port = free_port()
+        resumed = finish([start_node(nodes, node, port, cifar_dir, tmp_path, ["--resume", "True"]) for node in (0, 1)])
+    for code, _, stderr in resumed:
+        assert code == 0, stderr[-3000:]
+    one_node = trainable(out / "dp" / RUN / f"resnet18-1_{STEPS}.ckpt")
+    again = trainable(tmp_path / "node1" / RUN / f"resnet18-1_{STEPS}.ckpt")
+    worst = max(float(np.abs(again[name] - one_node[name]).max()) for name in one_node)
+    print(f"stopped at step {steps[0]} and resumed on two nodes vs uninterrupted: max abs difference {worst:.2e}")
+    assert worst < 1e-5, worst
 
 
 def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):

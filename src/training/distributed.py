@@ -9,6 +9,7 @@ from mindspore import nn, ops
 from src.errors import UserInputError
 
 LAUNCHER_VARIABLES = ("MS_ROLE", "RANK_TABLE_FILE")
+OUTPUT_STORAGES = ("shared", "node_local")
 
 
 def launched_by_launcher() -> bool:
@@ -33,6 +34,42 @@ def local_rank_count(run_distribute: bool, device_num: int) -> int:
         return 1
     local = os.environ.get("LOCAL_WORKER_NUM", "")
     return int(local) if local.isdigit() and int(local) > 0 else device_num
+
+
+def check_output_storage(storage: str) -> str:
+    """The config's output_storage, validated."""
+    if storage not in OUTPUT_STORAGES:
+        raise UserInputError(f"unknown output_storage '{storage}'; choose shared (one folder all nodes see) or "
+                             f"node_local (each node's own disk)")
+    return storage
+
+
+def writes_run_folder(rank: int, local_ranks: int, storage: str) -> bool:
+    """Whether this rank writes checkpoints, the config and the run record: rank 0 into a shared
+    folder; with node-local folders the first rank of every node, so every node can resume."""
+    if storage == "node_local":
+        return rank % local_ranks == 0
+    return rank == 0
+
+
+def check_resume_agreement(steps: Sequence[int], local_ranks: int, folder: str) -> None:
+    """`steps[r]`: the global step rank r resumes from (-1: it found no checkpoint). Every rank must
+    resume from the same step, or the ranks would train different weights; the error names the
+    ranks and nodes that differ."""
+    found = {step for step in steps if step >= 0}
+    missing = [rank for rank, step in enumerate(steps) if step < 0]
+    if len(set(steps)) <= 1:
+        return
+    leader = next(rank for rank, step in enumerate(steps) if step >= 0)
+    if missing:
+        nodes = sorted({rank // local_ranks for rank in missing})
+        raise UserInputError(f"resume: rank(s) {', '.join(map(str, missing))} on node(s) "
+                             f"{', '.join(map(str, nodes))} found no checkpoint in {folder} while rank {leader} "
+                             f"resumes from global step {steps[leader]}; with output_storage node_local copy "
+                             f"the run folder's checkpoints to every node (or pass --resume_ckpt on every node)")
+    raise UserInputError(f"resume: the ranks found different checkpoints (global steps "
+                         f"{', '.join(str(s) for s in sorted(found))}: {list(steps)} by rank) in {folder}; give "
+                         f"every node the same newest checkpoint, or pass --resume_ckpt on every node")
 
 
 def init_distributed(run_distribute: bool, device_num: int) -> Tuple[int, int]:
@@ -107,3 +144,10 @@ def all_reduce_sum(values: np.ndarray) -> np.ndarray:
     if not _ALL_REDUCE:
         _ALL_REDUCE.append(_AllReduceSum())
     return _ALL_REDUCE[0](ms.Tensor(values.astype(np.float32))).asnumpy().astype(np.float64)
+
+
+def all_gather_ints(value: int, rank: int, group_size: int) -> List[int]:
+    """Every rank's `value` (a small integer >= -1), in rank order, on every rank."""
+    mine = np.zeros(group_size, dtype=np.float64)
+    mine[rank] = value + 1  # 0 stands for the other ranks' slots
+    return [int(v) - 1 for v in all_reduce_sum(mine)]

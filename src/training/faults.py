@@ -146,7 +146,7 @@ class GracefulStop(StepCounter):
         self.finish()
         self.barrier()
         at = "mid-epoch" if self.step_in_epoch(step) != self.steps_per_epoch else "end of epoch"
-        if path:
-            self.log(f"stopped by {signal.Signals(self.signum).name} after global step {step} ({at}); saved "
-                     f"{path}; resume with: {self.resume_hint}")
+        saved = f"saved {path}; " if path else ""  # only the ranks that write the run folder save
+        self.log(f"stopped by {signal.Signals(self.signum).name} after global step {step} ({at}); {saved}"
+                 f"resume with: {self.resume_hint}")
         raise TrainingStopped(self.signum)
