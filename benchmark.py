@@ -380,7 +380,8 @@ def serve(args: argparse.Namespace) -> int:
     def reply(value) -> None:
         print(REPLY + json.dumps(value), flush=True)
 
-    reply({"compile_s": runner.compile_seconds(), **({"model": runner.summary()} if args.worker == "mindspore" else {})})
+    first = {"compile_s": runner.compile_seconds()}
+    reply({**first, "model": runner.summary()} if args.worker == "mindspore" else first)
     for line in sys.stdin:
         command, _, argument = line.strip().partition(" ")
         if command == "measure":
@@ -480,11 +481,12 @@ def model_figures(report: Dict) -> Dict:
 
 
 def model_line(r: Dict) -> str:
+    from src.training.model_summary import format_gflops
     model = r["model"]
     achieved = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in model["achieved_gflop_per_s"].items())
-    return (f"  model: {model['trainable_parameters']:,} trainable parameters, {model['gflops']:.2f} GFLOPs per image "
-            f"at {model['image_size']} px, weights {model['checkpoint_mb']:.1f} MiB; achieved GFLOP/s (MindSpore): "
-            f"{achieved}")
+    return (f"  model: {model['trainable_parameters']:,} trainable parameters, {format_gflops(model['gflops'])} "
+            f"GFLOPs per image at {model['image_size']} px, weights {model['checkpoint_mb']:.1f} MiB; "
+            f"achieved GFLOP/s (MindSpore): {achieved}")
 
 
 def _median_of(results: List[Dict]) -> Dict:

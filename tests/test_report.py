@@ -159,7 +159,7 @@ def test_training_logs_the_summary_and_writes_the_best_checkpoints_report(traine
     lines = stdout.splitlines()
     (summary,) = [line for line in lines if line.startswith("model resnet18:")]
     assert lines.index(summary) < min(i for i, line in enumerate(lines) if line.startswith("epoch 1 "))
-    assert "11,181,642 trainable parameters" in summary and "0.04 GFLOPs per image at 32 px" in summary
+    assert "11,181,642 trainable parameters" in summary and "0.037 GFLOPs per image at 32 px" in summary
     report = folder / "report"
     assert sorted(p.name for p in report.iterdir()) == ["calibration.png", "confusion.csv", "confusion.png",
                                                         "per_class.csv"]

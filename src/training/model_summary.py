@@ -72,9 +72,14 @@ def model_summary(net: ResNet, *, image_size: int, checkpoint_bytes: Optional[in
             "checkpoint_mb": round((parameter_bytes(net) if checkpoint_bytes is None else checkpoint_bytes) / 2**20, 2)}
 
 
+def format_gflops(gflops: float) -> str:
+    """Two decimals as torchvision publishes them; three significant digits below 1 (small images)."""
+    return f"{gflops:.2f}" if gflops >= 1 else f"{gflops:.3g}"
+
+
 def summary_line(name: str, summary: Dict, checkpoint_what: str = "checkpoint") -> str:
     """One log line of a model summary."""
     return (f"model {name}: {summary['trainable_parameters']:,} trainable parameters "
-            f"({summary['parameters']:,} with BatchNorm statistics), {summary['gflops']:.2f} GFLOPs per image at "
-            f"{summary['image_size']} px (multiply-accumulates, torchvision's convention), "
+            f"({summary['parameters']:,} with BatchNorm statistics), {format_gflops(summary['gflops'])} GFLOPs "
+            f"per image at {summary['image_size']} px (multiply-accumulates, torchvision's convention), "
             f"{checkpoint_what} {summary['checkpoint_mb']:.1f} MiB")

@@ -7,6 +7,7 @@ over ranks gives exactly the one-process report, with no sample counted twice or
 import csv
 import io
 import os
+import textwrap
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -243,6 +244,11 @@ def predictions_csv(table: np.ndarray, class_names: Sequence[str], sample_names:
     return _csv_text(header, rows)
 
 
+def _wrap(title: str, width: int = 60) -> str:
+    """A long run name over several lines, so it fits the narrowest picture."""
+    return "\n".join(textwrap.wrap(title, width, break_long_words=True, break_on_hyphens=False))
+
+
 def _save(figure, path: str) -> str:
     import matplotlib.pyplot as plt
     try:
@@ -272,8 +278,9 @@ def plot_confusion(report: EvalReport, class_names: Sequence[str], title: str):
                 if report.confusion[t, p]:
                     axis.text(p, t, f"{rows[t, p]:.2f}", ha="center", va="center", fontsize=7,
                               color="white" if rows[t, p] > 0.5 else "black")
+    top1 = report.correct.sum() / max(report.samples.sum(), 1)
     axis.set(xlabel="predicted class", ylabel="true class",
-             title=f"{title}\nconfusion matrix (rows sum to 1), top-1 {report.correct.sum() / max(report.samples.sum(), 1):.4f}")
+             title=f"{_wrap(title)}\nconfusion matrix (rows sum to 1), top-1 {top1:.4f}")
     return figure
 
 
@@ -287,7 +294,7 @@ def plot_confused_pairs(report: EvalReport, class_names: Sequence[str], title: s
     axis.set_yticks(range(len(pairs)), labels=labels, fontsize=8)
     axis.invert_yaxis()
     axis.set(xlabel="images", ylabel="true -> predicted",
-             title=f"{title}\nthe {len(pairs)} most confused pairs of {len(class_names)} classes")
+             title=f"{_wrap(title)}\nthe {len(pairs)} most confused pairs of {len(class_names)} classes")
     return figure
 
 
@@ -301,13 +308,13 @@ def plot_calibration(report: EvalReport, title: str):
     accuracy = np.divide(correct, count, out=np.zeros_like(correct), where=filled)
     confidence = np.divide(confidence_sum, count, out=np.zeros_like(confidence_sum), where=filled)
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(6, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    top.bar(centers[filled], accuracy[filled], width=width, edgecolor="black", label="accuracy in the bin")
-    top.bar(centers[filled], (confidence - accuracy)[filled], bottom=accuracy[filled], width=width, color="tab:red",
-            alpha=0.35, edgecolor="tab:red", label="gap to the mean confidence")
+    top.bar(centers[filled], accuracy[filled], width=width, edgecolor="black", alpha=0.8, label="accuracy in the bin")
+    top.plot(centers[filled], confidence[filled], "o", color="tab:red", label="mean confidence in the bin")
     top.plot([0, 1], [0, 1], "k--", label="perfect calibration")
-    top.set(ylabel="accuracy", xlim=(0, 1), ylim=(0, 1),
-            title=f"{title}\nreliability diagram, {CALIBRATION_BINS} bins, ECE {report.ece():.4f}")
+    top.set(ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.02),
+            title=f"{_wrap(title)}\nreliability diagram, {CALIBRATION_BINS} bins, ECE {report.ece():.4f}")
     top.legend(loc="upper left")
     bottom.bar(centers, count, width=width, edgecolor="black", color="tab:gray")
-    bottom.set(xlabel="confidence (top-1 probability)", ylabel="images")
+    bottom.set_yscale("log")  # most images sit in the top bin; the others must stay visible
+    bottom.set(xlabel="confidence (top-1 probability)", ylabel="images (log scale)")
     return figure
