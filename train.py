@@ -34,8 +34,8 @@ from src.training.checkpoint import (BEST_NAME, find_latest, list_checkpoints, l
 from src.training.distributed import (all_reduce_sum, check_fusion_points, fusion_split_points, init_distributed,
                                       launcher_device_id, local_rank_count, set_data_parallel)
 from src.training.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
-from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.model_summary import model_summary, parameter_bytes, summary_line
+from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.training.report import evaluate_with_report, save_report
 from src.training.run_record import RunRecord
@@ -381,16 +381,20 @@ def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, group
     """The evaluation report of the run's best.ckpt (of the final weights when there is none) into
     <run folder>/report/. Every rank evaluates its shard; each reads best.ckpt from the run folder
     (shared by the ranks of one node; across nodes it must be on a shared file system)."""
-    if group_size > 1:
-        all_reduce_sum(np.zeros(1))  # a barrier: rank 0 has written best.ckpt
     best = os.path.join(folder, BEST_NAME)
-    if os.path.isfile(best):
+    found = float(os.path.isfile(best))
+    if group_size > 1:  # also a barrier: rank 0 has finished writing best.ckpt
+        found = all_reduce_sum(np.array([found]))[0]
+    if 0 < found < group_size:
+        log(f"no report: {best} is not visible to every rank (put the run folder on a shared file system)")
+        return
+    if found:
         net = create_model(cfg.net_name, num_classes=cfg.class_num)
         load_into_network(net, best, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log,
                           use_ema=cfg.model_ema)  # best.ckpt follows the EMA when there is one
     result, report = evaluate_with_report(net, eval_dataset, num_classes=cfg.class_num, group_size=group_size)
     if rank == 0:
-        weights = best if os.path.isfile(best) else f"the final weights of {folder}"
+        weights = best if found else f"the final weights of {folder}"
         log(f"report of {weights}: top-1 {result['top_1_accuracy']:.4f} top-5 {result['top_5_accuracy']:.4f} "
             f"ECE {result['ece']:.4f} on {result['samples']} images, in {os.path.join(folder, 'report')}")
         save_report(os.path.join(folder, "report"), report, source=eval_dataset.source, num_classes=cfg.class_num,

@@ -232,6 +232,19 @@ def test_two_rank_report_equals_the_one_process_report(trained, cifar_dir, tmp_p
         assert reported["ece"] == pytest.approx(expected["ece"], abs=1e-6)
 
 
+def test_two_rank_training_reports_its_best_checkpoint_as_eval_py_does(cifar_dir, tmp_path):
+    out = tmp_path / "dp"
+    launched = run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers", "2",
+                    "--device_target", "CPU", "--master_port", "8232", "--output_dir", str(out), "--epoch_size", "1",
+                    "--batch_size", "8", "--warmup_epochs", "0", "--log_interval", "6"])
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    folder = out / RUN
+    evaluated = run([PYTHON, "eval.py", *eval_args(folder, cifar_dir, tmp_path / "eval")])
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    for name in ("per_class.csv", "confusion.csv"):
+        assert (folder / "report" / name).read_text() == (tmp_path / "eval" / name).read_text(), name
+
+
 def test_save_predictions_without_report_dir_is_one_error_line(tmp_path, cifar_dir):
     result = run([PYTHON, "eval.py", "--config_path", CONFIG, "--data_path", str(cifar_dir),
                   "--checkpoint_file_path", str(tmp_path / "any.ckpt"), "--save_predictions", "True"])
