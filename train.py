@@ -388,8 +388,7 @@ def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, group
     if 0 < found < group_size:
         log(f"no report: {best} is not visible to every rank (put the run folder on a shared file system)")
         return
-    if found:
-        net = create_model(cfg.net_name, num_classes=cfg.class_num)
+    if found:  # into the trained network (training is over): no second network to build
         load_into_network(net, best, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log,
                           use_ema=cfg.model_ema)  # best.ckpt follows the EMA when there is one
     result, report = evaluate_with_report(net, eval_dataset, num_classes=cfg.class_num, group_size=group_size)
