@@ -71,8 +71,8 @@ class ReportCounts(Metric):
         np.add.at(self.bins, (where, 2), correct)
         if self.rows is not None:
             order = np.argsort(-probabilities, axis=1, kind="stable")[:, :self.k]
-            # float32 without subnormals, as the cross-rank sum carries them (it flushes those to 0):
-            # one process and N ranks write the same file
+            # float32 without subnormals, as the cross-rank sum carries them (it flushes those to 0),
+            # so the same logits give the same file from one process or from N ranks
             chosen = np.take_along_axis(probabilities, order, axis=1).astype(np.float32)
             chosen[chosen < np.finfo(np.float32).tiny] = 0.0
             indices = self.sample_indices[self.seen:self.seen + len(labels)]
