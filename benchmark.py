@@ -14,6 +14,8 @@ Then the ImageNet input pipelines: --photos photograph-like JPEGs (ImageNet size
 generated, their mean size and PIL decode time reported, and this repository's pipeline and
 MindSpore's native one (as the model zoo builds it) measured on them, train and eval, one worker
 pinned to one core, then 1 and 2 workers on 2 cores. Everything is fp32 on the CPU.
+Each configuration also lists the model's parameters, GFLOPs per image at its size (torchvision's
+convention: multiply-accumulates) and the GFLOP/s its training and evaluation achieved.
 """
 import argparse
 import importlib.util
@@ -101,6 +103,11 @@ class MindSporeRunner:
     def eval_step(self, single: bool) -> None:
         self._set_training(False)
         self.net(self.one if single else self.images).asnumpy()
+
+    def summary(self) -> Dict:
+        """Parameters, GFLOPs per image at the measured size, and the weights' size."""
+        from src.training.model_summary import model_summary
+        return model_summary(self.net, image_size=int(self.one.shape[-1]))
 
     def export_onnx(self, folder: str, batch: int, size: int) -> List[str]:
         """The network in inference mode as ONNX files for batch 1 and `batch` (ONNX batches are fixed)."""
@@ -373,7 +380,8 @@ def serve(args: argparse.Namespace) -> int:
     def reply(value) -> None:
         print(REPLY + json.dumps(value), flush=True)
 
-    reply({"compile_s": runner.compile_seconds()})
+    first = {"compile_s": runner.compile_seconds()}
+    reply({**first, "model": runner.summary()} if args.worker == "mindspore" else first)
     for line in sys.stdin:
         command, _, argument = line.strip().partition(" ")
         if command == "measure":
@@ -456,7 +464,29 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     report["pipeline_img_per_s"] = data["pipeline_img_per_s"]
     report["mindspore"]["train_end_to_end_img_per_s"] = data["train_end_to_end_img_per_s"]
     report["ratios"] = _ratios(report)
+    report["model"] = model_figures(report)
     return report
+
+
+def model_figures(report: Dict) -> Dict:
+    """The model summary beside the measured speeds: achieved GFLOP/s (torchvision's GFLOPs, i.e.
+    multiply-accumulates; a training step counted as three forward passes)."""
+    from src.training.model_summary import TRAIN_PASSES
+    measured = report["mindspore"]
+    model = measured.pop("model")
+    achieved = {"train": model["gflops"] * TRAIN_PASSES * measured["train_compute_img_per_s"]}
+    achieved.update({label: model["gflops"] * measured[label]["img_per_s"]
+                     for label in measured if label.startswith("eval_batch_")})
+    return {**model, "achieved_gflop_per_s": {k: round(v, 2) for k, v in achieved.items()}}
+
+
+def model_line(r: Dict) -> str:
+    from src.training.model_summary import format_gflops
+    model = r["model"]
+    achieved = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in model["achieved_gflop_per_s"].items())
+    return (f"  model: {model['trainable_parameters']:,} trainable parameters, {format_gflops(model['gflops'])} "
+            f"GFLOPs per image at {model['image_size']} px, weights {model['checkpoint_mb']:.1f} MiB; "
+            f"achieved GFLOP/s (MindSpore): {achieved}")
 
 
 def _median_of(results: List[Dict]) -> Dict:
@@ -516,6 +546,7 @@ def format_table(reports: List[Dict]) -> str:
         for name, value in r["pipeline_img_per_s"].items():
             row(f"pipeline img/s ({name})", value, None, r["ratios"][f"pipeline_{name}_over_training"])
         lines.append("  ratio: MindSpore / PyTorch; for the pipeline rows, pipeline img/s / MindSpore training img/s")
+        lines.append(model_line(r))
         if "onnxruntime" in r:
             lines += _deployment_rows(r)
         lines.append("")

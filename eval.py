@@ -5,10 +5,15 @@
 
 --use_ema True evaluates the checkpoint's EMA weights (ema.*, written with --model_ema True).
 The last line on stdout is one JSON object: top_1_accuracy, top_5_accuracy, loss, samples, checkpoint.
+--report_dir DIR also writes per_class.csv, confusion.csv, confusion.png (confusions.png above 100
+classes) and calibration.png there, adds `ece` to the JSON line and prints the five worst classes and
+the five most confused pairs after it; --save_predictions True adds predictions.csv (top-5 per image).
+--summary True first prints the model's parameters, GFLOPs per image and checkpoint size.
 Under a launcher (--run_distribute True), each rank evaluates its share of the samples and every
 rank reports the totals of the whole split.
 """
 import json
+import os
 from typing import Optional, Sequence
 
 from src.config import load_config
@@ -19,12 +24,19 @@ from src.resnet import create_model
 from src.training.checkpoint import load_into_network
 from src.training.distributed import init_distributed, launcher_device_id, local_rank_count
 from src.training.metrics import evaluate
+from src.training.model_summary import model_summary, summary_line
+from src.training.report import evaluate_with_report, save_report
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="eval.py")
     if not cfg.checkpoint_file_path:
         raise UserInputError("no checkpoint given; pass --checkpoint_file_path path/to/model.ckpt")
+    if cfg.report_dir and os.path.exists(cfg.report_dir) and not os.path.isdir(cfg.report_dir):
+        raise UserInputError(f"report_dir {cfg.report_dir} is a file; pass a folder for the report")
+    if cfg.save_predictions and not cfg.report_dir:
+        raise UserInputError("--save_predictions True writes predictions.csv into the report folder; "
+                             "pass --report_dir DIR too")
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
     init_device(cfg.device_target, mode_name=cfg.mode_name,
                 device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
@@ -37,9 +49,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
     load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
                       use_ema=cfg.use_ema)
-    result = evaluate(net, dataset, num_classes=cfg.class_num, group_size=group_size)
+    if cfg.summary and rank == 0:
+        print(summary_line(cfg.net_name, model_summary(net, image_size=cfg.eval_image_size,
+                                                       checkpoint_bytes=os.path.getsize(cfg.checkpoint_file_path))),
+              flush=True)
+    report = None
+    if cfg.report_dir:
+        result, report = evaluate_with_report(net, dataset, num_classes=cfg.class_num, group_size=group_size,
+                                              keep_predictions=cfg.save_predictions)
+    else:
+        result = evaluate(net, dataset, num_classes=cfg.class_num, group_size=group_size)
     print(json.dumps({**result, "checkpoint": cfg.checkpoint_file_path, "net_name": cfg.net_name,
                       "dataset": cfg.dataset, "rank": rank}), flush=True)
+    if report is not None and rank == 0:  # every rank holds the same sums; one writes them
+        save_report(cfg.report_dir, report, source=dataset.source, num_classes=cfg.class_num,
+                    title=f"{cfg.net_name} on {cfg.dataset}: {cfg.checkpoint_file_path}",
+                    log=lambda line: print(line, flush=True))
     return 0
 
 

@@ -28,14 +28,17 @@ from src.lr_schedule import create_lr_schedule
 from src.resnet import create_model
 from src.training.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
                                     StepCounter, TrainMonitor)
-from src.training.checkpoint import (find_latest, list_checkpoints, load_pretrained, network_mismatches, network_params,
-                                     raise_if_mismatched, read_checkpoint, restore_training_state, training_position)
+from src.training.checkpoint import (BEST_NAME, find_latest, list_checkpoints, load_into_network, load_pretrained,
+                                     network_mismatches, network_params, raise_if_mismatched, read_checkpoint,
+                                     restore_training_state, training_position)
 from src.training.distributed import (all_gather_ints, all_reduce_sum, check_fusion_points, check_output_storage,
                                       check_resume_agreement, fusion_split_points, init_distributed,
                                       launcher_device_id, local_rank_count, set_data_parallel, writes_run_folder)
 from src.training.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
+from src.training.model_summary import model_summary, parameter_bytes, summary_line
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
+from src.training.report import evaluate_with_report, save_report
 from src.training.run_record import RunRecord
 from src.training.train_step import NetWithLoss, TrainStep, check_ema_decay, ema_schedule
 
@@ -351,6 +354,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  eval_dataset=eval_dataset, record=record, log=log,
                                  bad_samples=dataset.bad_samples, argv=argv)
 
+    log(summary_line(cfg.net_name, model_summary(net, image_size=cfg.train_image_size,
+                                                 checkpoint_bytes=parameter_bytes(model.train_network)),
+                     "training checkpoint (weights and optimizer state)"))
     micro_batches = f" x {cfg.grad_accumulation_steps} micro-batches" if cfg.grad_accumulation_steps > 1 else ""
     log(f"training {cfg.net_name} on {cfg.dataset} ({cfg.data_path}): epochs {start_epoch + 1}..{cfg.epoch_size} x "
         f"{steps_per_epoch} steps of {cfg.batch_size}{micro_batches} x {group_size} rank(s); amp "
@@ -374,7 +380,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         sink_size=cfg.sink_size if cfg.dataset_sink_mode else -1, initial_epoch=start_epoch)
     except TrainingStopped as stopped:
         return stopped.exit_code
+    if eval_dataset is not None:
+        report_best(cfg, net, eval_dataset, folder=folder, rank=rank, writer=writer, group_size=group_size, log=log)
     return 0
+
+
+def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, writer: bool, group_size: int,
+                log) -> None:
+    """The evaluation report of the run's best.ckpt (of the final weights when there is none) into
+    <run folder>/report/, written where the run folder is (by each node's writer with node-local
+    storage). Every rank evaluates its shard; each reads best.ckpt from its node's run folder."""
+    best = os.path.join(folder, BEST_NAME)
+    found = float(os.path.isfile(best))
+    if group_size > 1:  # also a barrier: rank 0 has finished writing best.ckpt
+        found = all_reduce_sum(np.array([found]))[0]
+    if 0 < found < group_size:
+        log(f"no report: {best} is not visible to every rank (put the run folder on a shared file system)")
+        return
+    if found:  # into the trained network (training is over): no second network to build
+        load_into_network(net, best, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log,
+                          use_ema=cfg.model_ema)  # best.ckpt follows the EMA when there is one
+    result, report = evaluate_with_report(net, eval_dataset, num_classes=cfg.class_num, group_size=group_size)
+    if writer:
+        weights = best if found else f"the final weights of {folder}"
+        log(f"report of {weights}: top-1 {result['top_1_accuracy']:.4f} top-5 {result['top_5_accuracy']:.4f} "
+            f"ECE {result['ece']:.4f} on {result['samples']} images, in {os.path.join(folder, 'report')}")
+        save_report(os.path.join(folder, "report"), report, source=eval_dataset.source, num_classes=cfg.class_num,
+                    title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
 
 
 def train_rest_of_epoch(cfg: Config, model: Model, callbacks: list, *, rank: int, group_size: int, folder: str,

@@ -27,6 +27,7 @@ from src.data.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_lim
 from src.data.batch_mixing import check_mixing, mix_batch
 from src.data.image_decode import crop_resize, open_image
 from src.data.random_erasing import erase, erase_box
+from src.deploy.inference import read_class_names
 from src.device import worker_budget
 from src.errors import UserInputError
 
@@ -35,6 +36,8 @@ CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CIFAR_SIDE = 32
 CIFAR_RECORD_BYTES = 1 + CIFAR_SIDE * CIFAR_SIDE * 3
+# CIFAR-10's labels 0..9 (batches.meta.txt of the binary release), for a folder without that file
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 EVAL_CROP_RATIO = 0.875  # resize to 256 then center-crop 224
 PIL_INTERPOLATIONS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
@@ -92,6 +95,8 @@ class CifarBinarySource:
         self.labels = data[:, 0].astype(np.int32)
         self.images = data[:, 1:].reshape(-1, 3, CIFAR_SIDE, CIFAR_SIDE).transpose(0, 2, 3, 1)
         self.images = np.ascontiguousarray(self.images)
+        meta = os.path.join(folder, "batches.meta.txt")
+        self.class_names = read_class_names(meta) if os.path.isfile(meta) else list(CIFAR10_CLASSES)
 
     @staticmethod
     def _read(path: str) -> np.ndarray:
@@ -492,6 +497,7 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     else:
         data = data.batch(batch_size, drop_remainder=training)
     data.epoch_sampler = sampler
+    data.source = source  # class names and sample files, for reports
     data.bad_samples = bad_samples
     return data
 

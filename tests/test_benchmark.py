@@ -32,6 +32,12 @@ def test_benchmark_writes_every_field(tmp_path):
                                      "eval_batch_2_mindspore_over_torch", "eval_batch_1_onnxruntime_over_mindspore",
                                      "eval_batch_1_onnxruntime_over_torch", "eval_batch_2_onnxruntime_over_mindspore",
                                      "eval_batch_2_onnxruntime_over_torch"}
+    model, measured = report["model"], report["mindspore"]  # the model summary beside the speeds
+    assert model["trainable_parameters"] == 11_181_642 and model["image_size"] == 32 and model["gflops"] > 0
+    evals = {label: round(model["gflops"] * measured[label]["img_per_s"], 2)
+             for label in ("eval_batch_1", "eval_batch_2")}
+    assert model["achieved_gflop_per_s"] == {
+        "train": round(model["gflops"] * 3 * measured["train_compute_img_per_s"], 2), **evals}
     pipelines = written["imagenet_pipelines"]
     assert pipelines["files"]["files"] == 6 and pipelines["batch_size"] == 3 and pipelines["image_size"] == 224
     assert pipelines["files"]["mean_file_kb"] > 20 and pipelines["files"]["pil_decode_ms"] > 0

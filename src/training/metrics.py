@@ -9,6 +9,16 @@ from src.loss import create_loss
 from src.training.distributed import all_reduce_sum
 
 
+def true_class_rank(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per row, the rank of the true class (0: top-1): classes scoring higher, plus equal ones of
+    lower index (argmax's tie-break). A row with a non-finite score gets a rank no k reaches: it
+    never counts as correct (a diverged run scores 0)."""
+    true_logit = logits[np.arange(len(labels)), labels]
+    higher = (logits > true_logit[:, None]).sum(axis=1)
+    tied_before = ((logits == true_logit[:, None]) & (np.arange(logits.shape[1]) < labels[:, None])).sum(axis=1)
+    return np.where(np.isfinite(logits).all(axis=1), higher + tied_before, np.iinfo(np.int64).max)
+
+
 class ClassificationCounts(Metric):
     """Accumulates correct top-1, correct top-5, summed cross-entropy and the number of samples."""
 
@@ -22,12 +32,7 @@ class ClassificationCounts(Metric):
     def update(self, *inputs) -> None:
         logits = inputs[0].asnumpy().astype(np.float64)
         labels = inputs[1].asnumpy().astype(np.int64)
-        true_logit = logits[np.arange(len(labels)), labels]
-        # The true class's rank: classes scoring higher, plus equal ones of lower index (argmax's
-        # tie-break); a non-finite score never counts as correct (a diverged run scores 0).
-        higher = (logits > true_logit[:, None]).sum(axis=1)
-        tied_before = ((logits == true_logit[:, None]) & (np.arange(logits.shape[1]) < labels[:, None])).sum(axis=1)
-        rank = np.where(np.isfinite(logits).all(axis=1), higher + tied_before, np.iinfo(np.int64).max)
+        rank = true_class_rank(logits, labels)
         shifted = logits - logits.max(axis=1, keepdims=True)
         loss = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(labels)), labels]
         self.totals += [np.sum(rank < 1), np.sum(rank < 5), loss.sum(), len(labels)]
@@ -44,12 +49,23 @@ def summarize(totals: np.ndarray) -> Dict[str, float]:
             "loss": loss_sum / samples, "samples": int(totals[3])}
 
 
+def evaluate_sums(net: nn.Cell, dataset, metrics: Dict[str, Metric], *, num_classes: int,
+                  group_size: int = 1) -> Dict[str, np.ndarray]:
+    """Run `metrics` (each one's eval() a vector of sums) over this rank's shard of `dataset` in
+    one pass; with several ranks, the vectors are summed over all shards (one allreduce), so every
+    rank returns the sums of the whole split."""
+    net.set_train(False)
+    model = Model(net, loss_fn=create_loss(num_classes=num_classes), metrics=metrics)
+    sums = model.eval(dataset, dataset_sink_mode=False)
+    names = list(metrics)
+    if group_size > 1:
+        joined = all_reduce_sum(np.concatenate([np.asarray(sums[name], np.float64) for name in names]))
+        sums = dict(zip(names, np.split(joined, np.cumsum([np.size(sums[name]) for name in names])[:-1])))
+    return sums
+
+
 def evaluate(net: nn.Cell, dataset, *, num_classes: int, group_size: int = 1) -> Dict[str, float]:
     """Evaluate `net` over this rank's shard of `dataset`; with several ranks, the counts of all
     shards are summed so every rank returns the same numbers for the whole split."""
-    net.set_train(False)
-    model = Model(net, loss_fn=create_loss(num_classes=num_classes), metrics={"counts": ClassificationCounts()})
-    totals = model.eval(dataset, dataset_sink_mode=False)["counts"]
-    if group_size > 1:
-        totals = all_reduce_sum(totals)
-    return summarize(totals)
+    return summarize(evaluate_sums(net, dataset, {"counts": ClassificationCounts()}, num_classes=num_classes,
+                                   group_size=group_size)["counts"])
