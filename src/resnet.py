@@ -149,6 +149,7 @@ class ResNet(nn.Cell):
         self.layer4 = self._make_layer(block, 512, layers[3], stride=2)
         self.mean = ops.ReduceMean(keep_dims=False)
         self.fc = nn.Dense(512 * block.expansion, num_classes)
+        self.backbone_frozen = False  # set by train_head_only; a constant of the compiled graph
 
     def _make_layer(self, block: Block, channels: int, blocks: int, stride: int) -> nn.SequentialCell:
         downsample = None
@@ -168,7 +169,11 @@ class ResNet(nn.Cell):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
     def construct(self, x):
-        return self.fc(self.mean(self.forward_features(x), (2, 3)))
+        features = self.mean(self.forward_features(x), (2, 3))
+        if self.backbone_frozen:
+            # Cut here, so the backward pass ends at the head instead of crossing the backbone.
+            features = ops.stop_gradient(features)
+        return self.fc(features)
 
 
 def _set(param: Parameter, values: np.ndarray) -> None:
@@ -209,9 +214,21 @@ def freeze_batch_norm(net: nn.Cell) -> None:
             cell.use_batch_statistics = False
 
 
+def train_head_only(net: ResNet) -> None:
+    """Fine-tuning: only the classifier head (fc) trains. Every other parameter takes no gradient
+    (optimizers and weight decay see only the head), every BatchNorm normalizes with its loaded
+    statistics and leaves them as they are, and no gradient flows back into the backbone."""
+    freeze_batch_norm(net)
+    head = {id(param) for param in net.fc.get_parameters()}
+    for param in net.get_parameters():
+        if id(param) not in head:
+            param.requires_grad = False
+    net.backbone_frozen = True
+
+
 def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "kaiming_normal",
                  dense_init: str = "default", zero_init_residual: bool = False,
-                 freeze_bn: bool = False) -> ResNet:
+                 freeze_bn: bool = False, freeze_backbone: bool = False) -> ResNet:
     """Build a network of the family by name (a key of ARCHS: 'resnet18' ... 'wide_resnet101_2')."""
     if net_name not in ARCHS:
         raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(ARCHS)}")
@@ -225,4 +242,6 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
     _initialize(net, conv_init, dense_init, zero_init_residual)
     if freeze_bn:
         freeze_batch_norm(net)
+    if freeze_backbone:
+        train_head_only(net)
     return net
