@@ -358,7 +358,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         + (f"; EMA every {cfg.model_ema_steps} steps, alpha {model.train_network.ema_alpha.asnumpy():.6g}"
            if cfg.model_ema else "")
         + (f"; resumed from {resume_from} at global step {first_step}" if resume_from else ""))
-    if cfg.dataset == "imagenet2012" and partial_decoder() is None:
+    if cfg.dataset != "cifar10" and partial_decoder() is None:
         log("note: JPEGs are decoded with Pillow (slower): the partial decoder src/data/native/libjpeg_crop.so is not "
             "built; run bash scripts/setup_env.sh (it needs cc and libjpeg-dev)")
     if cfg.dataset_sink_mode and cfg.device_target == "CPU":
