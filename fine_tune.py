@@ -40,18 +40,10 @@ def fine_tune_argv(argv: Sequence[str]) -> List[str]:
     own = ["--pre_trained", checkpoint, "--filter_weight", "True", "--freeze_backbone", "True",
            "--lr_decay_mode", "constant", "--lr_init", lr, "--lr_max", lr, "--warmup_epochs", "0",
            "--weight_decay", "0", "--run_eval", "True", "--eval_start_epoch", str(keys["epoch_size"] or 1)]
-    rest = [a for key_value in _without(argv, ("checkpoint_path", "learning_rate")) for a in key_value]
+    # The two zoo keys are consumed here; train.py would only list them as ignored.
+    rest = [token for key, value in split_overrides(argv) if key not in ("checkpoint_path", "learning_rate")
+            for token in [f"--{key}"] + ([] if value is None else [value])]
     return own + rest
-
-
-def _without(argv: Sequence[str], keys: Sequence[str]) -> List[List[str]]:
-    """The command line as [--key, value] groups, leaving out `keys` (train.py ignores the zoo's keys anyway,
-    but naming them twice in its log would confuse)."""
-    groups = []
-    for key, value in split_overrides(argv):
-        if key not in keys:
-            groups.append([f"--{key}"] + ([] if value is None else [value]))
-    return groups
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -17,7 +17,6 @@ from mindspore.common import initializer as init
 from src.errors import UserInputError
 
 
-
 class Arch(NamedTuple):
     """A network of the family: block kind, blocks per stage, 3x3 groups and width per group."""
     kind: str  # "basic" or "bottleneck"

@@ -1,8 +1,9 @@
-"""A PyTorch ResNet 18/34/50/101/152 (v1.5), ResNeXt and Wide ResNet written from the published architecture.
+"""A PyTorch ResNet 18/34/50/101/152 (v1.5), ResNeXt and Wide ResNet written from the published papers.
 
 He et al., "Deep Residual Learning for Image Recognition" (2015), Table 1, with the v1.5 change
-(the stride of a downsampling bottleneck on its 3x3 convolution); ResNeXt (Xie et al. 2017) and Wide
-ResNet (Zagoruyko & Komodakis 2016) widen and group the bottleneck's 3x3 convolution; laid out like torchvision so its
+(the stride of a downsampling bottleneck on its 3x3 convolution); ResNeXt (Xie et al. 2017) and
+Wide ResNet (Zagoruyko & Komodakis 2016) widen and group the bottleneck's 3x3 convolution. Laid
+out like torchvision so its
 `state_dict()` has torchvision's keys (`conv1.weight`, `bn1.running_mean`,
 `layer2.0.downsample.0.weight`, `fc.bias`, ...) in torchvision's order. The tests use it as the
 PyTorch side of the conversion and parity checks (torchvision has no CPU-only build to install);
