@@ -141,6 +141,18 @@ def flower_photos(folder_dir, tmp_path_factory) -> Path:
     return root
 
 
+def test_fine_tune_needs_checkpoint_path_to_name_a_checkpoint(zoo_folder):
+    """The other zoo files' checkpoint_path is a save folder ('./checkpoint/'): not a pre-trained file."""
+    import fine_tune
+    with pytest.raises(UserInputError, match="does not name a pre-trained .ckpt file"):
+        fine_tune.fine_tune_argv(["--config_path", str(zoo_folder / "resnet18_cifar10_config.yaml")])
+    argv = fine_tune.fine_tune_argv(["--config_path", str(zoo_folder / "resnet34_cpu_config.yaml"),
+                                     "--weight_decay", "0.0001", "--learning_rate", "0.01"])
+    assert argv[:2] == ["--pre_trained", "./resnet34_imagenet2012.ckpt"]
+    assert argv[argv.index("--lr_max") + 1] == "0.01"  # the command line's learning_rate over the file's
+    assert argv[-2:] == ["--weight_decay", "0.0001"] and "--learning_rate" not in argv  # the user's last: it wins
+
+
 def test_zoo_fine_tune_flow_trains_a_new_head_on_flower_photos(zoo_folder, flower_photos, tmp_path):
     """python fine_tune.py --config_path resnet34_cpu_config.yaml, its checkpoint_path naming a zoo
     ImageNet resnet34 checkpoint (zoo names, 1001 classes): a 5-class head trains, the backbone stays

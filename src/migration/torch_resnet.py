@@ -3,8 +3,7 @@
 He et al., "Deep Residual Learning for Image Recognition" (2015), Table 1, with the v1.5 change
 (the stride of a downsampling bottleneck on its 3x3 convolution); ResNeXt (Xie et al. 2017) and
 Wide ResNet (Zagoruyko & Komodakis 2016) widen and group the bottleneck's 3x3 convolution. Laid
-out like torchvision so its
-`state_dict()` has torchvision's keys (`conv1.weight`, `bn1.running_mean`,
+out like torchvision so its `state_dict()` has torchvision's keys (`conv1.weight`, `bn1.running_mean`,
 `layer2.0.downsample.0.weight`, `fc.bias`, ...) in torchvision's order. The tests use it as the
 PyTorch side of the conversion and parity checks (torchvision has no CPU-only build to install);
 it also serves `python -m src.migration.parity --torch_model src.migration.torch_resnet:resnet50`.
