@@ -98,15 +98,23 @@ def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
 
 
 def create_network(cfg: Config, log=print):
+    if cfg.freeze_backbone and not cfg.pre_trained:
+        raise UserInputError("freeze_backbone True trains only the head on top of pre-trained features; pass "
+                             "--pre_trained CKPT (with --filter_weight True for another class_num)")
     net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
                        dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual,
-                       freeze_bn=cfg.freeze_bn)
+                       freeze_bn=cfg.freeze_bn, freeze_backbone=cfg.freeze_backbone)
     if cfg.pre_trained:
         skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
                                   filter_weight=cfg.filter_weight,
                                   what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
         log(f"loaded pre-trained weights from {cfg.pre_trained}"
             + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""))
+    if cfg.freeze_backbone:
+        trained = sum(int(np.prod(p.shape)) for p in net.trainable_params())
+        total = sum(int(np.prod(p.shape)) for p in net.get_parameters())
+        log(f"freeze_backbone: training the head only ({trained:,} of {total:,} values); BatchNorm in "
+            f"inference mode")
     return net
 
 
@@ -364,7 +372,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         + (f"; EMA every {cfg.model_ema_steps} steps, alpha {model.train_network.ema_alpha.asnumpy():.6g}"
            if cfg.model_ema else "")
         + (f"; resumed from {resume_from} at global step {first_step}" if resume_from else ""))
-    if cfg.dataset == "imagenet2012" and partial_decoder() is None:
+    if cfg.dataset != "cifar10" and partial_decoder() is None:
         log("note: JPEGs are decoded with Pillow (slower): the partial decoder src/data/native/libjpeg_crop.so is not "
             "built; run bash scripts/setup_env.sh (it needs cc and libjpeg-dev)")
     if cfg.dataset_sink_mode and cfg.device_target == "CPU":

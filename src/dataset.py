@@ -31,7 +31,9 @@ from src.deploy.inference import read_class_names
 from src.device import worker_budget
 from src.errors import UserInputError
 
-DATASETS = ("cifar10", "imagenet2012")
+DATASETS = ("cifar10", "imagenet2012", "flower_photos")
+# Class-folder datasets: the sub-folder each evaluates on (the model zoo's flower_photos has train/ and test/).
+EVAL_FOLDERS = {"imagenet2012": "val", "flower_photos": "test"}
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CIFAR_SIDE = 32
@@ -125,11 +127,11 @@ def _cifar_folder(data_path: str) -> str:
 class ImageFolderSource:
     """Images in one sub-folder per class (sorted folder names give the labels)."""
 
-    def __init__(self, data_path: str, training: bool):
+    def __init__(self, data_path: str, training: bool, eval_folder: str = "val"):
         _require_folder(data_path)
-        split = os.path.join(data_path, "train" if training else "val")
+        split = os.path.join(data_path, "train" if training else eval_folder)
         if not training and not os.path.isdir(split) and os.path.isdir(os.path.join(data_path, "train")):
-            raise UserInputError(f"{data_path} has train/ but no val/ folder to evaluate on; pass the "
+            raise UserInputError(f"{data_path} has train/ but no {eval_folder}/ folder to evaluate on; pass the "
                                  f"validation folder (--eval_dataset_path, or DATASET_PATH for run_eval.sh)")
         self.root = split if os.path.isdir(split) else data_path
         self.class_names = sorted(entry.name for entry in os.scandir(self.root) if entry.is_dir())
@@ -430,11 +432,12 @@ def _source_workers(dataset: str, num_parallel_workers: int) -> dict:
 
 
 def create_source(dataset: str, data_path: str, training: bool):
-    """The raw sample source for `dataset` ('cifar10' binary files or 'imagenet2012' folders)."""
+    """The raw sample source for `dataset` ('cifar10' binary files, 'imagenet2012' or 'flower_photos'
+    class folders)."""
     if dataset == "cifar10":
         return CifarBinarySource(data_path, training)
-    if dataset == "imagenet2012":
-        return ImageFolderSource(data_path, training)
+    if dataset in EVAL_FOLDERS:
+        return ImageFolderSource(data_path, training, eval_folder=EVAL_FOLDERS[dataset])
     raise UserInputError(f"unknown dataset '{dataset}'; choose one of {', '.join(DATASETS)}")
 
 

@@ -1,11 +1,14 @@
-"""ResNet 18/34/50/101/152 (v1.5) with torchvision's structure and parameter names.
+"""ResNet 18/34/50/101/152 (v1.5), ResNeXt and Wide ResNet with torchvision's structure and names.
+
+ResNeXt and Wide ResNet are the bottleneck ResNet with a wider, grouped 3x3 convolution
+(torchvision's `groups` and `width_per_group`); one Bottleneck builds all three.
 
 Convolutions pad symmetrically (`pad_mode='pad'`, padding k//2), as torchvision does, so a
 converted torchvision checkpoint gives the same outputs. BatchNorm uses MindSpore's names
 (gamma, beta, moving_mean, moving_variance) and momentum 0.9 (PyTorch's 0.1).
 """
 import math
-from typing import List, Optional, Type, Union
+from typing import List, NamedTuple, Optional, Type, Union
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -13,21 +16,36 @@ from mindspore.common import initializer as init
 
 from src.errors import UserInputError
 
+
+class Arch(NamedTuple):
+    """A network of the family: block kind, blocks per stage, 3x3 groups and width per group."""
+    kind: str  # "basic" or "bottleneck"
+    layers: List[int]
+    groups: int = 1
+    width_per_group: int = 64
+
+
 ARCHS = {
-    "resnet18": ("basic", [2, 2, 2, 2]),
-    "resnet34": ("basic", [3, 4, 6, 3]),
-    "resnet50": ("bottleneck", [3, 4, 6, 3]),
-    "resnet101": ("bottleneck", [3, 4, 23, 3]),
-    "resnet152": ("bottleneck", [3, 8, 36, 3]),
+    "resnet18": Arch("basic", [2, 2, 2, 2]),
+    "resnet34": Arch("basic", [3, 4, 6, 3]),
+    "resnet50": Arch("bottleneck", [3, 4, 6, 3]),
+    "resnet101": Arch("bottleneck", [3, 4, 23, 3]),
+    "resnet152": Arch("bottleneck", [3, 8, 36, 3]),
+    "resnext50_32x4d": Arch("bottleneck", [3, 4, 6, 3], groups=32, width_per_group=4),
+    "resnext101_32x8d": Arch("bottleneck", [3, 4, 23, 3], groups=32, width_per_group=8),
+    "resnext101_64x4d": Arch("bottleneck", [3, 4, 23, 3], groups=64, width_per_group=4),
+    "wide_resnet50_2": Arch("bottleneck", [3, 4, 6, 3], width_per_group=128),
+    "wide_resnet101_2": Arch("bottleneck", [3, 4, 23, 3], width_per_group=128),
 }
 CONV_INITS = ("kaiming_normal", "XavierUniform", "TruncatedNormal")
 DENSE_INITS = ("default", "TruncatedNormal", "RandomNormal")
 
 
-def conv2d(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> nn.Conv2d:
+def conv2d(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+           groups: int = 1) -> nn.Conv2d:
     """A bias-free convolution with torchvision's symmetric padding."""
     return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="pad",
-                     padding=kernel_size // 2, has_bias=False)
+                     padding=kernel_size // 2, has_bias=False, group=groups)
 
 
 class ZeroBorder(nn.Cell):
@@ -52,8 +70,10 @@ class BasicBlock(nn.Cell):
     expansion = 1
 
     def __init__(self, in_channels: int, channels: int, stride: int = 1,
-                 downsample: Optional[nn.Cell] = None):
+                 downsample: Optional[nn.Cell] = None, groups: int = 1, width_per_group: int = 64):
         super().__init__()
+        if groups != 1 or width_per_group != 64:
+            raise ValueError("BasicBlock has no groups or width: use Bottleneck")
         self.conv1 = conv2d(in_channels, channels, 3, stride)
         self.bn1 = batch_norm(channels)
         self.conv2 = conv2d(channels, channels, 3)
@@ -73,18 +93,22 @@ class BasicBlock(nn.Cell):
 
 
 class Bottleneck(nn.Cell):
-    """1x1 -> 3x3 (stride here, v1.5) -> 1x1 with 4x expansion (ResNet50/101/152)."""
+    """1x1 -> 3x3 (stride here, v1.5) -> 1x1 with 4x expansion (ResNet50/101/152).
+
+    The 3x3 convolution has `groups` groups of `width_per_group` channels per 64 of `channels`:
+    1 x 64 is ResNet, 32 x 4 ResNeXt50_32x4d, 1 x 128 Wide ResNet50_2 (as torchvision computes it)."""
     expansion = 4
 
     def __init__(self, in_channels: int, channels: int, stride: int = 1,
-                 downsample: Optional[nn.Cell] = None):
+                 downsample: Optional[nn.Cell] = None, groups: int = 1, width_per_group: int = 64):
         super().__init__()
         out_channels = channels * self.expansion
-        self.conv1 = conv2d(in_channels, channels, 1)
-        self.bn1 = batch_norm(channels)
-        self.conv2 = conv2d(channels, channels, 3, stride)
-        self.bn2 = batch_norm(channels)
-        self.conv3 = conv2d(channels, out_channels, 1)
+        width = int(channels * (width_per_group / 64.0)) * groups
+        self.conv1 = conv2d(in_channels, width, 1)
+        self.bn1 = batch_norm(width)
+        self.conv2 = conv2d(width, width, 3, stride, groups)
+        self.bn2 = batch_norm(width)
+        self.conv3 = conv2d(width, out_channels, 1)
         self.bn3 = batch_norm(out_channels)
         self.relu = nn.ReLU()
         self.downsample = downsample
@@ -107,9 +131,11 @@ Block = Union[Type[BasicBlock], Type[Bottleneck]]
 class ResNet(nn.Cell):
     """conv1/bn1/relu/maxpool stem, layer1..4, global average pool, fc."""
 
-    def __init__(self, block: Block, layers: List[int], num_classes: int = 1000):
+    def __init__(self, block: Block, layers: List[int], num_classes: int = 1000, groups: int = 1,
+                 width_per_group: int = 64):
         super().__init__()
         self.in_channels = 64
+        self.groups, self.width_per_group = groups, width_per_group
         self.conv1 = conv2d(3, 64, 7, stride=2)
         self.bn1 = batch_norm(64)
         self.relu = nn.ReLU()
@@ -122,6 +148,7 @@ class ResNet(nn.Cell):
         self.layer4 = self._make_layer(block, 512, layers[3], stride=2)
         self.mean = ops.ReduceMean(keep_dims=False)
         self.fc = nn.Dense(512 * block.expansion, num_classes)
+        self.backbone_frozen = False  # set by train_head_only; a constant of the compiled graph
 
     def _make_layer(self, block: Block, channels: int, blocks: int, stride: int) -> nn.SequentialCell:
         downsample = None
@@ -129,9 +156,10 @@ class ResNet(nn.Cell):
         if stride != 1 or self.in_channels != out_channels:
             downsample = nn.SequentialCell([conv2d(self.in_channels, out_channels, 1, stride),
                                             batch_norm(out_channels)])
-        cells = [block(self.in_channels, channels, stride, downsample)]
+        shape = {"groups": self.groups, "width_per_group": self.width_per_group}
+        cells = [block(self.in_channels, channels, stride, downsample, **shape)]
         self.in_channels = out_channels
-        cells += [block(out_channels, channels) for _ in range(1, blocks)]
+        cells += [block(out_channels, channels, **shape) for _ in range(1, blocks)]
         return nn.SequentialCell(cells)
 
     def forward_features(self, x):
@@ -140,7 +168,11 @@ class ResNet(nn.Cell):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
     def construct(self, x):
-        return self.fc(self.mean(self.forward_features(x), (2, 3)))
+        features = self.mean(self.forward_features(x), (2, 3))
+        if self.backbone_frozen:
+            # Cut here, so the backward pass ends at the head instead of crossing the backbone.
+            features = ops.stop_gradient(features)
+        return self.fc(features)
 
 
 def _set(param: Parameter, values: np.ndarray) -> None:
@@ -181,20 +213,34 @@ def freeze_batch_norm(net: nn.Cell) -> None:
             cell.use_batch_statistics = False
 
 
+def train_head_only(net: ResNet) -> None:
+    """Fine-tuning: only the classifier head (fc) trains. Every other parameter takes no gradient
+    (optimizers and weight decay see only the head), every BatchNorm normalizes with its loaded
+    statistics and leaves them as they are, and no gradient flows back into the backbone."""
+    freeze_batch_norm(net)
+    head = {id(param) for param in net.fc.get_parameters()}
+    for param in net.get_parameters():
+        if id(param) not in head:
+            param.requires_grad = False
+    net.backbone_frozen = True
+
+
 def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "kaiming_normal",
                  dense_init: str = "default", zero_init_residual: bool = False,
-                 freeze_bn: bool = False) -> ResNet:
-    """Build a ResNet by name ('resnet18' ... 'resnet152')."""
+                 freeze_bn: bool = False, freeze_backbone: bool = False) -> ResNet:
+    """Build a network of the family by name (a key of ARCHS: 'resnet18' ... 'wide_resnet101_2')."""
     if net_name not in ARCHS:
         raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(ARCHS)}")
     if conv_init not in CONV_INITS:
         raise UserInputError(f"unknown conv_init '{conv_init}'; choose one of {', '.join(CONV_INITS)}")
     if dense_init not in DENSE_INITS:
         raise UserInputError(f"unknown dense_init '{dense_init}'; choose one of {', '.join(DENSE_INITS)}")
-    kind, layers = ARCHS[net_name]
-    block = BasicBlock if kind == "basic" else Bottleneck
-    net = ResNet(block, layers, num_classes)
+    arch = ARCHS[net_name]
+    block = BasicBlock if arch.kind == "basic" else Bottleneck
+    net = ResNet(block, arch.layers, num_classes, groups=arch.groups, width_per_group=arch.width_per_group)
     _initialize(net, conv_init, dense_init, zero_init_residual)
     if freeze_bn:
         freeze_batch_norm(net)
+    if freeze_backbone:
+        train_head_only(net)
     return net

@@ -23,7 +23,7 @@ from src.training.checkpoint import is_training_state
 
 CONVERT = [PYTHON, "-m", "src.migration.convert_torch"]
 PARITY = [PYTHON, "-m", "src.migration.parity"]
-CLASSES = {"resnet18": 10, "resnet50": 1000}
+CLASSES = {"resnet18": 10, "resnet50": 1000, "resnext50_32x4d": 10, "wide_resnet50_2": 10}
 
 
 def one_line_error(result) -> str:
@@ -98,13 +98,15 @@ def test_wrapper_prefix_is_found_from_the_stem():
     assert ct.common_prefix(["layer1.0.conv1.weight"]) == ""
 
 
-def test_arch_is_guessed_from_the_block_layout():
-    for arch, (kind, layers) in ARCHS.items():
-        convs = ("conv1", "conv2", "conv3") if kind == "bottleneck" else ("conv1", "conv2")
-        names = ["conv1.weight"] + [f"layer{s + 1}.{i}.{c}.weight" for s, n in enumerate(layers)
-                                    for i in range(n) for c in convs]
-        assert ct.guess_arch(names) == arch
-    assert ct.guess_arch(["conv1.weight", "fc.weight"]) is None
+def test_arch_is_guessed_from_the_block_layout_and_the_3x3_groups():
+    for name, arch in ARCHS.items():
+        convs = ("conv1", "conv2", "conv3") if arch.kind == "bottleneck" else ("conv1", "conv2")
+        params = {f"layer{s + 1}.{i}.{c}.weight": np.zeros(1) for s, n in enumerate(arch.layers)
+                  for i in range(n) for c in convs}
+        width = arch.groups * arch.width_per_group  # layer1's 3x3: [width, width / groups, 3, 3]
+        params["layer1.0.conv2.weight"] = np.zeros((width, arch.width_per_group, 3, 3), np.float32)
+        assert ct.guess_arch(params) == name
+    assert ct.guess_arch({"conv1.weight": np.zeros(1), "fc.weight": np.zeros(1)}) is None
 
 
 def test_same_padding_is_asymmetric_at_stride_2():
@@ -162,11 +164,12 @@ def make_torch_resnet(arch: str, num_classes: int, seed: int):
 @pytest.fixture(scope="module")
 def torch_files(tmp_path_factory):
     """resnet18 (10 classes) saved as a DataParallel training checkpoint ({'state_dict': {'module.*'},
-    'epoch', 'best_acc1'}), resnet50 (1000 classes) as a bare state dict."""
+    'epoch', 'best_acc1'}); resnet50 (1000 classes), resnext50_32x4d and wide_resnet50_2 (10) as bare
+    state dicts."""
     torch = pytest.importorskip("torch", reason="torch is a test dependency (requirements-dev.txt)")
     folder = tmp_path_factory.mktemp("torch")
     files = {}
-    for arch, seed in (("resnet18", 0), ("resnet50", 1)):
+    for seed, arch in enumerate(CLASSES):
         state = make_torch_resnet(arch, CLASSES[arch], seed).state_dict()
         path = folder / f"{arch}.pth"
         if arch == "resnet18":
@@ -190,7 +193,7 @@ def converted(torch_files, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("arch", list(CLASSES))
 def test_converted_checkpoint_holds_the_torch_values(arch, torch_files, converted):
     _, state = torch_files[arch]
     ckpt, stdout = converted[arch]
@@ -208,7 +211,7 @@ def test_converted_checkpoint_holds_the_torch_values(arch, torch_files, converte
     assert not [p for p in ckpt.parent.iterdir() if p.name.startswith(".convert-")]
 
 
-@pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("arch", list(CLASSES))
 def test_parity_logits_agree_within_1e_4(arch, torch_files, converted):
     pth, _ = torch_files[arch]
     ckpt, _ = converted[arch]
@@ -228,7 +231,7 @@ def test_parity_logits_agree_within_1e_4(arch, torch_files, converted):
           f"1 - cosine {1 - stages['logits']['cosine']:.1e}")
 
 
-@pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("arch", list(CLASSES))
 def test_round_trip_pth_ckpt_pth_is_exact(arch, torch_files, converted, tmp_path):
     import torch
     from src.migration import torch_resnet

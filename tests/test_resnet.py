@@ -20,7 +20,7 @@ def model(name, **kwargs):
 
 def expected_names(net_name):
     """torchvision's state-dict names (without num_batches_tracked), BatchNorm in MindSpore's terms."""
-    kind, layers = ARCHS[net_name]
+    kind, layers = ARCHS[net_name].kind, ARCHS[net_name].layers
     convs = 2 if kind == "basic" else 3
     names = {"conv1.weight", "fc.weight", "fc.bias"} | {f"bn1.{f}" for f in BN_FIELDS}
     for stage, blocks in enumerate(layers, start=1):
@@ -57,7 +57,34 @@ def test_class_num_sets_the_head():
     assert tuple(net.fc.bias.shape) == (10,)
 
 
-@pytest.mark.parametrize("net_name", list(ARCHS))
+# torchvision's parameter counts at 1000 classes.
+WIDER = {"resnext50_32x4d": 25_028_904, "resnext101_32x8d": 88_791_336, "resnext101_64x4d": 83_455_272,
+         "wide_resnet50_2": 68_883_240, "wide_resnet101_2": 126_886_696}
+
+
+def test_resnext_and_wide_resnet_match_torchvision_counts_and_shapes():
+    """Each built once (the 101-layer ones hold 83-127M parameters): count, names, a forward pass."""
+    x = Tensor(np.zeros((1, 3, 32, 32), np.float32))
+    for net_name, count in WIDER.items():
+        net = create_model(net_name, num_classes=1000)
+        assert sum(int(np.prod(p.shape)) for p in net.trainable_params()) == count, net_name
+        assert {p.name for p in net.get_parameters()} == expected_names(net_name)
+        assert net(x).shape == (1, 1000)
+        del net
+
+
+@pytest.mark.parametrize("net_name, width, groups", [("resnext50_32x4d", 128, 32), ("wide_resnet50_2", 128, 1),
+                                                     ("resnet50", 64, 1)])
+def test_the_3x3_convolution_is_grouped_and_widened(net_name, width, groups):
+    """layer1's bottleneck: width = 64 * width_per_group / 64 * groups, the 3x3 split in `groups`."""
+    block = model(net_name, num_classes=10).layer1[0]
+    assert tuple(block.conv1.weight.shape) == (width, 64, 1, 1)
+    assert tuple(block.conv2.weight.shape) == (width, width // groups, 3, 3)
+    assert block.conv2.group == groups
+    assert tuple(block.conv3.weight.shape) == (256, width, 1, 1)
+
+
+@pytest.mark.parametrize("net_name", [n for n in ARCHS if n not in WIDER] + ["resnext50_32x4d"])
 def test_output_shape(net_name):
     net = model(net_name, num_classes=10)
     x = Tensor(np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32))
@@ -99,7 +126,7 @@ def test_resnet50_is_v1_5_stride_in_the_3x3_conv():
 
 
 def last_bn_names(net_name):
-    kind, layers = ARCHS[net_name]
+    kind, layers = ARCHS[net_name].kind, ARCHS[net_name].layers
     last = "bn2" if kind == "basic" else "bn3"
     return {f"layer{s}.{b}.{last}.gamma" for s, n in enumerate(layers, start=1) for b in range(n)}
 

@@ -19,7 +19,7 @@ import re
 import tempfile
 import warnings
 from collections import OrderedDict
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -96,17 +96,22 @@ def torch_state_dict_order(ms_names: Sequence[str]) -> List[str]:
     return order
 
 
-def guess_arch(names: Iterable[str]) -> Optional[str]:
-    """The ResNet (in ARCHS) whose block layout matches these parameter names, if any."""
-    names = list(names)
+def guess_arch(params: Mapping[str, object]) -> Optional[str]:
+    """The network (in ARCHS) whose block layout and 3x3 grouping match these parameters, if any.
+
+    `params` maps this repo's names to arrays or tensors: the shape of layer1.0.conv2.weight,
+    [groups x width_per_group, width_per_group, 3, 3], tells ResNet, ResNeXt and Wide ResNet apart."""
+    names = list(params)
     blocks = []
     for stage in STAGES:
         indices = {int(m.group(1)) for m in (re.match(rf"{stage}\.(\d+)\.", n) for n in names) if m}
         blocks.append(max(indices) + 1 if indices else 0)
     kind = "bottleneck" if any(re.match(r"layer\d\.\d+\.conv3\.", n) for n in names) else "basic"
-    for arch, (arch_kind, layers) in ARCHS.items():
-        if arch_kind == kind and layers == blocks:
-            return arch
+    shape = tuple(getattr(params.get("layer1.0.conv2.weight"), "shape", ()))
+    groups, width_per_group = (int(shape[0]) // int(shape[1]), int(shape[1])) if len(shape) == 4 else (1, 64)
+    for name, arch in ARCHS.items():
+        if (arch.kind, arch.layers, arch.groups, arch.width_per_group) == (kind, blocks, groups, width_per_group):
+            return name
     return None
 
 
@@ -377,7 +382,7 @@ def write_pth(state: "OrderedDict", target: str) -> None:
 
 def zoo_note(arch: str) -> str:
     """How this repo's network computes differently from the model zoo's with the same weights."""
-    if ARCHS[arch][0] == "basic":  # the zoo's resnet18/34 (res_base=True) pad symmetrically like this repo
+    if ARCHS[arch].kind == "basic":  # the zoo's resnet18/34 (res_base=True) pad symmetrically like this repo
         return ("note: model-zoo weights: the zoo's ResNet18/34 block BatchNorms (bn1d/bn2d) use eps 1e-4, "
                 "this repo's 1e-5, so outputs differ slightly (~0.2% of the logits) from the zoo's network")
     return ("note: model-zoo weights: the zoo's ResNet50/101/152 pad with pad_mode='same' (asymmetric at "

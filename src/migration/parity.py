@@ -164,7 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if head is None or head.dim() != 2:
         raise UserInputError(f"{args.pth} has no fc.weight [classes, features]; it is not a ResNet classifier")
     num_classes = int(head.shape[0])
-    found_arch = guess_arch(n for n in (torch_to_ms_name(k) for k in state) if n)
+    found_arch = guess_arch({torch_to_ms_name(k): v for k, v in state.items() if torch_to_ms_name(k)})
     if found_arch and found_arch != args.arch:
         raise UserInputError(f"{args.pth} holds a {found_arch} (from its block layout), not --arch {args.arch}; "
                              f"pass --arch {found_arch}")

@@ -43,10 +43,15 @@ IGNORED_KEYS: Dict[str, Tuple[Any, str]] = {
     # the Thor optimizer's schedule (optimizer Thor itself is refused by the optimizer choice)
     "lr_decay": (None, ""), "lr_end_epoch": (None, ""), "damping_init": (None, ""), "damping_decay": (None, ""),
     "frequency": (None, ""),
-    # gpu_resnet_benchmark.py's own keys
+    # gpu_resnet_benchmark.py's own keys (a file with print_per_steps is refused as a whole, see BENCHMARK_FILE)
     "lr": (None, ""), "learning_rate": (None, ""), "save_checkpoint_path": (None, ""), "print_per_steps": (None, ""),
     "eval": (None, ""), "save_ckpt": (None, ""), "dtype": (None, ""), "train_epoch_size": (None, ""),
 }
+# resnet_benchmark_GPU.yaml configures the zoo's gpu_resnet_benchmark.py, not training: it names no
+# network, dataset or schedule, so train.py would run on the schema's defaults, which it does not mean.
+BENCHMARK_FILE = ("print_per_steps", "the model zoo's gpu_resnet_benchmark.py configuration (it names no network, "
+                  "dataset or lr schedule to train with); measure speed with benchmark.py (README 'Performance') "
+                  "or train with a training config such as the zoo's resnet50_imagenet2012_config.yaml")
 
 
 def refuse_if_active(key: str, value: Any, where: str) -> None:
@@ -61,6 +66,8 @@ def translate_zoo_keys(values: Dict[str, Any], schema: Sequence[str], where: str
     """Zoo keys -> this repository's: renamed keys take their new name, keys with no effect here
     are dropped (returned in order) after checking their values change nothing. Keys the schema
     knows are left alone (e.g. `lars_*` once the LARS optimizer exists)."""
+    if BENCHMARK_FILE[0] in values and BENCHMARK_FILE[0] not in schema:
+        raise UserInputError(f"{where} is {BENCHMARK_FILE[1]}")
     out: Dict[str, Any] = {}
     ignored: List[str] = []
     for key, value in values.items():
