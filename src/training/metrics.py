@@ -1,5 +1,5 @@
 """Evaluation: top-1/top-5 counts, mean loss and the sample count, summed over ranks."""
-from typing import Dict
+from typing import Callable, Dict
 
 import numpy as np
 from mindspore import nn
@@ -20,8 +20,12 @@ class ClassificationCounts(Metric):
         self.totals = np.zeros(4, dtype=np.float64)  # top1, top5, loss_sum, samples
 
     def update(self, *inputs) -> None:
-        logits = inputs[0].asnumpy().astype(np.float64)
-        labels = inputs[1].asnumpy().astype(np.int64)
+        self.add(inputs[0].asnumpy(), inputs[1].asnumpy())
+
+    def add(self, logits: np.ndarray, labels: np.ndarray) -> None:
+        """Count one batch of logits [batch, classes] against its integer labels."""
+        logits = logits.astype(np.float64)
+        labels = labels.astype(np.int64)
         true_logit = logits[np.arange(len(labels)), labels]
         # The true class's rank: classes scoring higher, plus equal ones of lower index (argmax's
         # tie-break); a non-finite score never counts as correct (a diverged run scores 0).
@@ -50,6 +54,18 @@ def evaluate(net: nn.Cell, dataset, *, num_classes: int, group_size: int = 1) ->
     net.set_train(False)
     model = Model(net, loss_fn=create_loss(num_classes=num_classes), metrics={"counts": ClassificationCounts()})
     totals = model.eval(dataset, dataset_sink_mode=False)["counts"]
+    if group_size > 1:
+        totals = all_reduce_sum(totals)
+    return summarize(totals)
+
+
+def evaluate_outputs(run: Callable[[np.ndarray], np.ndarray], dataset, *, group_size: int = 1) -> Dict[str, float]:
+    """`evaluate` for a model given as a function from an image batch to its logits (an exported
+    file): the same counts over this rank's shard of `dataset`, summed over ranks."""
+    counts = ClassificationCounts()
+    for images, labels in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1):
+        counts.add(run(images), labels)
+    totals = counts.eval()
     if group_size > 1:
         totals = all_reduce_sum(totals)
     return summarize(totals)
