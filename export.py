@@ -109,9 +109,12 @@ def check_quantize(cfg: Config, file_format: str, height: int, width: int) -> bo
     if file_format != "ONNX":
         raise UserInputError(f"--quantize int8 needs --file_format ONNX (onnxruntime quantizes ONNX files), "
                              f"got {file_format}")
+    if not os.path.isdir(cfg.calibration_data or "."):
+        raise UserInputError(f"calibration data folder not found: {cfg.calibration_data}; pass --calibration_data "
+                             f"with the dataset folder (as data_path) whose training images calibrate the activations")
     if not cfg.calibration_data:
-        raise UserInputError("--quantize int8 needs --calibration_data PATH: the dataset folder whose training "
-                             "images calibrate the activation ranges")
+        raise UserInputError("--quantize int8 needs --calibration_data PATH: the dataset folder (as data_path) "
+                             "whose training images calibrate the activation ranges")
     if cfg.calibration_samples < 1:
         raise UserInputError(f"--calibration_samples must be a positive integer, got {cfg.calibration_samples}")
     if cfg.calibration_method not in CALIBRATION_METHODS:
@@ -134,7 +137,10 @@ def calibration_batches(cfg: Config, *, batch_size: int, image_size: int) -> Tup
                               batch_size=batch_size, image_size=image_size, class_num=cfg.class_num,
                               num_parallel_workers=cfg.num_parallel_workers, seed=cfg.seed,
                               interpolation=cfg.interpolation, resize_size=cfg.eval_resize_size)
-    num_batches = min(math.ceil(cfg.calibration_samples / batch_size), dataset().get_dataset_size())
+    try:
+        num_batches = min(math.ceil(cfg.calibration_samples / batch_size), dataset().get_dataset_size())
+    except UserInputError as err:  # the dataset's message speaks of data_path
+        raise UserInputError(f"--calibration_data: {err}") from None
 
     def batches() -> Iterator[np.ndarray]:
         rows = dataset().create_tuple_iterator(output_numpy=True, num_epochs=1)
