@@ -182,11 +182,20 @@ def test_quantize_without_onnx_says_how_to_install(cifar_dir, tmp_path, monkeypa
         main(argv)
 
 
-def test_eval_model_file_errors(models, checkpoint, cifar_dir):
-    for extra, message in ((["--model_file", models["int8"]["path"], "--eval_image_size", "64"], "--eval_image_size 32"),
-                           (["--model_file", models["int8"]["path"], "--checkpoint_file_path", str(checkpoint)],
-                            "not both"),
-                           (["--model_file", models["float"]["path"], "--class_num", "12"], "--class_num 10")):
-        result = run([PYTHON, "eval.py", "--config_path", str(CONFIG), "--data_path", str(cifar_dir), *extra])
-        assert result.returncode == 2, result.stderr[-2000:]
-        assert message in one_error_line(result)
+def test_eval_takes_a_checkpoint_or_a_model_file_not_both(models, checkpoint):
+    from eval import main
+    from src.errors import UserInputError
+    with pytest.raises(UserInputError, match="not both"):
+        main(["--config_path", str(CONFIG), "--model_file", models["int8"]["path"],
+              "--checkpoint_file_path", str(checkpoint)])
+
+
+@pytest.mark.parametrize("kind, extra, message", [
+    ("int8", ["--eval_image_size", "64"], "--eval_image_size 32"),
+    ("float", ["--class_num", "12"], "--class_num 10"),
+])
+def test_eval_model_file_that_does_not_fit_is_one_line(models, cifar_dir, kind, extra, message):
+    result = run([PYTHON, "eval.py", "--config_path", str(CONFIG), "--data_path", str(cifar_dir),
+                  "--model_file", models[kind]["path"], *extra])
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in one_error_line(result)
