@@ -9,7 +9,8 @@ from generated CIFAR-10 binary files and JPEG class folders (end to end); evalua
 latency p50/p95/p99 at batch 1 and at the batch size; and each pipeline's img/s alone. With
 --vs-torch the same network, batch, size and thread count run in PyTorch eager fp32, in a
 process of their own, alternating with MindSpore, and the ratios are printed. With onnxruntime
-installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too.
+installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too,
+and with onnx installed as well, those files quantized to int8 (export.py --quantize's code).
 Then the ImageNet input pipelines: --photos photograph-like JPEGs (ImageNet sizes, quality 90) are
 generated, their mean size and PIL decode time reported, and this repository's pipeline and
 MindSpore's native one (as the model zoo builds it) measured on them, train and eval, one worker
@@ -153,10 +154,9 @@ class TorchRunner:
 
 
 class OnnxRunner:
-    """The MindSpore network exported to ONNX (batch 1 and batch N files), run by onnxruntime with
-    the session predict.py uses; inference only."""
+    """The MindSpore network exported to ONNX (batch 1 and batch N files, float or int8), run by
+    onnxruntime with the session predict.py uses; inference only."""
 
-    name = "onnxruntime"
     trains = False
 
     def __init__(self, files: Sequence[str], threads: int):
@@ -372,7 +372,7 @@ def serve(args: argparse.Namespace) -> int:
         from src.device import init_device
         init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads)
         runner = MindSporeRunner(args.net, args.batch_size, args.image_size)
-    elif args.worker == "onnxruntime":
+    elif args.worker in ("onnxruntime", "onnxruntime_int8"):
         runner = OnnxRunner(args.onnx_files.split(","), args.threads)
     else:
         runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads)
@@ -449,6 +449,9 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
             os.makedirs(folder)
             files = workers[0].ask("export " + folder)["onnx_files"]
             workers.append(Worker("onnxruntime", net_name, batch, size, args, ["--onnx_files", ",".join(files)]))
+            if importlib.util.find_spec("onnx") is not None:
+                workers.append(Worker("onnxruntime_int8", net_name, batch, size, args,
+                                      ["--onnx_files", ",".join(int8_files(files, size))]))
         rounds: Dict[str, List[Dict]] = {worker.framework: [] for worker in workers}
         for _ in range(args.repeats):
             for worker in workers:
@@ -489,6 +492,23 @@ def model_line(r: Dict) -> str:
             f"achieved GFLOP/s (MindSpore): {achieved}")
 
 
+def int8_files(files: Sequence[str], size: int) -> List[str]:
+    """The float ONNX files quantized as export.py --quantize int8 does, beside them. Calibrated
+    on two seeded random batches: int8 kernels run at the same speed whatever the ranges (the
+    accuracy of a properly calibrated file: eval.py --model_file)."""
+    from src.deploy.inference import ExportedModel, seeded_input
+    from src.deploy.quantize import quantize_onnx
+    quantized = []
+    for path in files:
+        batch = ExportedModel(path).fixed_batch
+        target = path[:-len(".onnx")] + "_int8.onnx"
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as workdir:
+            quantize_onnx(path, target, (seeded_input(batch, size, size, seed=i) for i in range(2)), num_batches=2,
+                          workdir=workdir)
+        quantized.append(target)
+    return quantized
+
+
 def _median_of(results: List[Dict]) -> Dict:
     """Element-wise median of nested measurement dicts."""
     first = results[0]
@@ -509,12 +529,12 @@ def _ratios(report: Dict) -> Dict[str, float]:
             if label.startswith("eval_batch_"):
                 ratios[f"{label}_mindspore_over_torch"] = round(
                     ms_result[label]["img_per_s"] / torch_result[label]["img_per_s"], 3)
-    for label in report.get("onnxruntime", {}):
-        if label.startswith("eval_batch_"):
-            for other in ("mindspore", "torch"):
-                if other in report:
-                    ratios[f"{label}_onnxruntime_over_{other}"] = round(
-                        report["onnxruntime"][label]["img_per_s"] / report[other][label]["img_per_s"], 3)
+    for path in ("onnxruntime", "onnxruntime_int8"):
+        for label in [k for k in report.get(path, {}) if k.startswith("eval_batch_")]:
+            for other in ("mindspore", "torch", "onnxruntime"):
+                if other in report and other != path:
+                    ratios[f"{label}_{path}_over_{other}"] = round(
+                        report[path][label]["img_per_s"] / report[other][label]["img_per_s"], 3)
     return ratios
 
 
@@ -554,19 +574,26 @@ def format_table(reports: List[Dict]) -> str:
 
 
 def _deployment_rows(r: Dict) -> List[str]:
-    """CPU inference paths side by side: MindSpore, PyTorch eager, the ONNX export under onnxruntime."""
-    paths = [name for name in ("mindspore", "torch", "onnxruntime") if name in r]
-    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime"}
+    """CPU inference paths side by side: MindSpore, PyTorch eager, the ONNX export under onnxruntime
+    (float, and int8 where onnx is installed), with the speed-ups of the ONNX files."""
+    paths = [name for name in ("mindspore", "torch", "onnxruntime", "onnxruntime_int8") if name in r]
+    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "ort int8"}
+    short = {"onnxruntime": "ort", "onnxruntime_int8": "int8"}
+    speedups = [(p, other) for p, others in (("onnxruntime", ("mindspore", "torch")),
+                                             ("onnxruntime_int8", ("onnxruntime", "torch")))
+                for other in others if p in r and other in r]
     lines = [f"  {'CPU inference (eval mode)':<38}" + "".join(f"{titles[p]:>14}" for p in paths)
-             + "".join(f"{'ort/' + titles[p]:>16}" for p in paths[:-1])]
+             + "".join(f"{short[p] + '/' + short.get(other, titles[other]):>16}" for p, other in speedups)]
     for label in [k for k in r["onnxruntime"] if k.startswith("eval_batch_")]:
         values = [r[p][label]["img_per_s"] for p in paths]
-        ratios = [r["ratios"][f"{label}_onnxruntime_over_{p}"] for p in paths[:-1]]
+        ratios = [r["ratios"][f"{label}_{p}_over_{other}"] for p, other in speedups]
         lines.append(f"  {label.replace('_', ' ') + ' img/s':<38}" + "".join(f"{v:>14}" for v in values)
                      + "".join(f"{v:>16}" for v in ratios))
         lines.append(f"  {label.replace('_', ' ') + ' p50 ms':<38}"
                      + "".join(f"{r[p][label]['latency_ms']['p50']:>14.1f}" for p in paths))
     lines.append(f"  onnxruntime: the ONNX export (export.py) in the session predict.py uses, {r['threads']} threads")
+    if "onnxruntime_int8" in r:
+        lines.append("  ort int8: the same files quantized as export.py --quantize int8 does (QDQ, per-channel weights)")
     return lines
 
 
@@ -598,7 +625,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--photos", type=positive_int, default=256,
                         help="generated photographs for the ImageNet pipeline comparison")
     parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
-    parser.add_argument("--worker", choices=("mindspore", "torch", "onnxruntime", "pipelines"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("mindspore", "torch", "onnxruntime", "onnxruntime_int8", "pipelines"), help=argparse.SUPPRESS)
     parser.add_argument("--photo_dir", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--onnx_files", help=argparse.SUPPRESS)

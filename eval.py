@@ -4,7 +4,12 @@
         --checkpoint_file_path output/resnet50/cifar10/resnet50-90_1562.ckpt
 
 --use_ema True evaluates the checkpoint's EMA weights (ema.*, written with --model_ema True).
-The last line on stdout is one JSON object: top_1_accuracy, top_5_accuracy, loss, samples, checkpoint.
+--model_file FILE evaluates an exported file instead (.onnx float or int8 from export.py, through
+onnxruntime; .mindir through MindSpore): the same dataset, transforms and counts, every sample once,
+so the accuracy of what is deployed is measured; its input size must equal eval_image_size.
+The JSON object on stdout holds top_1_accuracy, top_5_accuracy, loss, samples, checkpoint (null for
+--model_file), net_name, dataset, rank, and model_file for an exported file; it is the last line
+unless --report_dir is given.
 --report_dir DIR also writes per_class.csv, confusion.csv, confusion.png (confusions.png above 100
 classes) and calibration.png there, adds `ece` to the JSON line and prints the five worst classes and
 the five most confused pairs after it; --save_predictions True adds predictions.csv (top-5 per image).
@@ -14,29 +19,70 @@ rank reports the totals of the whole split.
 """
 import json
 import os
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from src.config import load_config
+import numpy as np
+
+from src.config import Config, load_config
 from src.dataset import create_eval_dataset
+from src.deploy.inference import ExportedModel
 from src.device import cap_workers, init_device
 from src.errors import UserInputError, run_cli
 from src.resnet import create_model
 from src.training.checkpoint import load_into_network
 from src.training.distributed import init_distributed, launcher_device_id, local_rank_count
-from src.training.metrics import evaluate
+from src.training.metrics import evaluate, evaluate_outputs
 from src.training.model_summary import model_summary, summary_line
 from src.training.report import evaluate_with_report, save_report
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    cfg = load_config(argv, prog="eval.py")
-    if not cfg.checkpoint_file_path:
-        raise UserInputError("no checkpoint given; pass --checkpoint_file_path path/to/model.ckpt")
+def check_request(cfg: Config) -> None:
+    """One line for a request that cannot work, before any device or data is touched."""
+    if bool(cfg.checkpoint_file_path) == bool(cfg.model_file):
+        raise UserInputError("pass either --checkpoint_file_path path/to/model.ckpt or --model_file "
+                             "path/to/exported.onnx|.mindir" + (", not both" if cfg.model_file else ""))
     if cfg.report_dir and os.path.exists(cfg.report_dir) and not os.path.isdir(cfg.report_dir):
         raise UserInputError(f"report_dir {cfg.report_dir} is a file; pass a folder for the report")
     if cfg.save_predictions and not cfg.report_dir:
         raise UserInputError("--save_predictions True writes predictions.csv into the report folder; "
                              "pass --report_dir DIR too")
+    if cfg.summary and cfg.model_file:
+        raise UserInputError("--summary True describes a checkpoint's network; pass --checkpoint_file_path "
+                             "(an exported file has no network to count)")
+
+
+def model_file_predictor(cfg: Config) -> Callable[[np.ndarray], np.ndarray]:
+    """An exported file as a function from an image batch to logits; a file that does not fit the
+    config (input size, number of classes) is a one-line error."""
+    model = ExportedModel(cfg.model_file)
+    if model.input_shape and model.input_shape[2:] != (cfg.eval_image_size, cfg.eval_image_size):
+        raise UserInputError(f"{cfg.model_file} takes {model.input_shape[2]}x{model.input_shape[3]} inputs but "
+                             f"eval_image_size is {cfg.eval_image_size}; pass --eval_image_size {model.input_shape[2]}")
+
+    def run(images: np.ndarray) -> np.ndarray:
+        logits = model.predict(images, batch_size=len(images))
+        if logits.shape[1] != cfg.class_num:
+            raise UserInputError(f"{cfg.model_file} has {logits.shape[1]} outputs but class_num is {cfg.class_num}; "
+                                 f"pass --class_num {logits.shape[1]}")
+        return logits
+    return run
+
+
+def load_network(cfg: Config, rank: int):
+    """The checkpoint's network (its summary printed first with --summary True)."""
+    net = create_model(cfg.net_name, num_classes=cfg.class_num)
+    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
+                      use_ema=cfg.use_ema)
+    if cfg.summary and rank == 0:
+        print(summary_line(cfg.net_name, model_summary(net, image_size=cfg.eval_image_size,
+                                                       checkpoint_bytes=os.path.getsize(cfg.checkpoint_file_path))),
+              flush=True)
+    return net
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    cfg = load_config(argv, prog="eval.py")
+    check_request(cfg)
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
     init_device(cfg.device_target, mode_name=cfg.mode_name,
                 device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
@@ -46,24 +92,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for note in cfg.notes + ([workers_note] if workers_note else []):
         print(note, flush=True)
     dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size)
-    net = create_model(cfg.net_name, num_classes=cfg.class_num)
-    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
-                      use_ema=cfg.use_ema)
-    if cfg.summary and rank == 0:
-        print(summary_line(cfg.net_name, model_summary(net, image_size=cfg.eval_image_size,
-                                                       checkpoint_bytes=os.path.getsize(cfg.checkpoint_file_path))),
-              flush=True)
+    run = model_file_predictor(cfg) if cfg.model_file else None
+    net = None if run else load_network(cfg, rank)
     report = None
     if cfg.report_dir:
         result, report = evaluate_with_report(net, dataset, num_classes=cfg.class_num, group_size=group_size,
-                                              keep_predictions=cfg.save_predictions)
+                                              keep_predictions=cfg.save_predictions, run=run)
+    elif run:
+        result = evaluate_outputs(run, dataset, group_size=group_size)
     else:
         result = evaluate(net, dataset, num_classes=cfg.class_num, group_size=group_size)
-    print(json.dumps({**result, "checkpoint": cfg.checkpoint_file_path, "net_name": cfg.net_name,
-                      "dataset": cfg.dataset, "rank": rank}), flush=True)
+    evaluated = {"model_file": cfg.model_file} if run else {}
+    print(json.dumps({**result, "checkpoint": cfg.checkpoint_file_path or None, **evaluated,
+                      "net_name": cfg.net_name, "dataset": cfg.dataset, "rank": rank}), flush=True)
     if report is not None and rank == 0:  # every rank holds the same sums; one writes them
         save_report(cfg.report_dir, report, source=dataset.source, num_classes=cfg.class_num,
-                    title=f"{cfg.net_name} on {cfg.dataset}: {cfg.checkpoint_file_path}",
+                    title=f"{cfg.net_name} on {cfg.dataset}: {cfg.model_file or cfg.checkpoint_file_path}",
                     log=lambda line: print(line, flush=True))
     return 0
 

@@ -19,19 +19,34 @@ onnxruntime) and compares its logits with the checkpoint network on a seeded ran
 (numpy default_rng(0), standard normal); it prints the max abs difference and the top-1 agreement
 and exits with code 1, writing no file, when the difference exceeds --verify_tolerance (1e-4).
 The last line on stdout is one JSON object: path, file_format, input_shape (null batch: dynamic),
-verified, max_abs_diff, top1_agreement, max_abs_logit, tolerance.
+verified, max_abs_diff, top1_agreement, max_abs_logit, tolerance, quantization.
+
+--quantize int8 (ONNX only; needs onnx and onnxruntime) writes the int8 model instead of the float
+one (default NAME: net_name_int8): onnxruntime's static quantization, QDQ format, int8 weights per
+output channel, uint8 activations whose ranges are calibrated (--calibration_method minmax, entropy
+or percentile) on --calibration_samples (512) training images of --calibration_data (a dataset
+folder, as data_path), in the seeded order of a first training epoch, through the evaluation
+transform (eval_image_size, eval_resize_size, as eval.py). With --verify the float export is
+checked as above, then the int8 model's top-1 agreement with it and the largest logit difference
+on the calibration images are reported ("quantization" in the JSON line). Evaluate the written
+file with eval.py --model_file.
 """
+import itertools
 import json
+import math
 import os
 import sys
 import tempfile
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
 
 from src.config import Config, load_config
+from src.dataset import create_dataset
 from src.deploy.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input
+from src.deploy.quantize import CALIBRATION_METHODS, compare_exports, quantize_onnx, quantized_convolutions, \
+    require_quantization
 from src.device import init_device
 from src.errors import UserInputError, run_cli
 from src.resnet import create_model
@@ -84,6 +99,78 @@ def check_format(cfg: Config) -> str:
     return file_format
 
 
+def check_quantize(cfg: Config, file_format: str, height: int, width: int) -> bool:
+    """Whether to quantize; every unusable request fails here, before any work."""
+    quantize = str(cfg.quantize).lower()
+    if quantize == "none":
+        return False
+    if quantize != "int8":
+        raise UserInputError(f"unknown --quantize '{cfg.quantize}'; choose none or int8")
+    if file_format != "ONNX":
+        raise UserInputError(f"--quantize int8 needs --file_format ONNX (onnxruntime quantizes ONNX files), "
+                             f"got {file_format}")
+    if not os.path.isdir(cfg.calibration_data or "."):
+        raise UserInputError(f"calibration data folder not found: {cfg.calibration_data}; pass --calibration_data "
+                             f"with the dataset folder (as data_path) whose training images calibrate the activations")
+    if not cfg.calibration_data:
+        raise UserInputError("--quantize int8 needs --calibration_data PATH: the dataset folder (as data_path) "
+                             "whose training images calibrate the activation ranges")
+    if cfg.calibration_samples < 1:
+        raise UserInputError(f"--calibration_samples must be a positive integer, got {cfg.calibration_samples}")
+    if cfg.calibration_method not in CALIBRATION_METHODS:
+        raise UserInputError(f"unknown --calibration_method '{cfg.calibration_method}'; choose one of "
+                             f"{', '.join(CALIBRATION_METHODS)}")
+    if height != width:
+        raise UserInputError(f"--quantize int8 calibrates on square images (the eval transform); "
+                             f"export with equal --height and --width, got {height}x{width}")
+    require_quantization()
+    return True
+
+
+def calibration_batches(cfg: Config, *, batch_size: int, image_size: int) -> Tuple[Callable[[], Iterator[np.ndarray]], int]:
+    """The calibration images as a function giving a fresh iterator over the same batches each
+    call, and their number of batches: training images of --calibration_data in the seeded order
+    of a first training epoch (so the choice is a function of the seed), through eval.py's
+    transform. The folder is read here, so bad data fails before the export."""
+    def dataset():
+        return create_dataset(cfg.dataset, cfg.calibration_data, training=True, augment=False,
+                              batch_size=batch_size, image_size=image_size, class_num=cfg.class_num,
+                              num_parallel_workers=cfg.num_parallel_workers, seed=cfg.seed,
+                              interpolation=cfg.interpolation, resize_size=cfg.eval_resize_size)
+    try:
+        num_batches = min(math.ceil(cfg.calibration_samples / batch_size), dataset().get_dataset_size())
+    except UserInputError as err:  # the dataset's message speaks of data_path
+        raise UserInputError(f"--calibration_data: {err}") from None
+
+    def batches() -> Iterator[np.ndarray]:
+        rows = dataset().create_tuple_iterator(output_numpy=True, num_epochs=1)
+        return (images for images, _ in itertools.islice(rows, num_batches))
+    return batches, num_batches
+
+
+def quantize_export(float_path: str, cfg: Config, *, calibration: Tuple[Callable[[], Iterator[np.ndarray]], int],
+                    batch_size: int, staging: str) -> Tuple[str, Dict]:
+    """The int8 model of the staged float ONNX file (staged beside it) and its report."""
+    batches, num_batches = calibration
+    int8_path = os.path.join(staging, "int8.onnx")
+    quantize_onnx(float_path, int8_path, batches(), num_batches=num_batches, method=cfg.calibration_method,
+                  workdir=staging)
+    report = {"calibration_method": cfg.calibration_method, "calibration_data": cfg.calibration_data,
+              "calibration_samples": num_batches * batch_size, **quantized_convolutions(int8_path),
+              "top1_agreement": None, "max_abs_diff": None}
+    print(f"quantized {report['quantized']} of {report['convolutions']} convolutions to int8 (QDQ, per-channel "
+          f"weights), activations calibrated ({cfg.calibration_method}) on {report['calibration_samples']} "
+          f"training images of {cfg.calibration_data}", flush=True)
+    if cfg.verify:
+        result = compare_exports(float_path, int8_path, batches())
+        report.update(top1_agreement=result["top1_agreement"], max_abs_diff=result["max_abs_diff"])
+        print(f"verify int8: top-1 agreement with the float model "
+              f"{round(result['top1_agreement'] * result['samples'])}/{result['samples']} on the calibration "
+              f"images, largest logit difference {result['max_abs_diff']:.3g} (float logits reach "
+              f"{result['max_abs_logit']:.3g})", flush=True)
+    return int8_path, report
+
+
 def check_sizes(cfg: Config) -> None:
     for key in ("batch_size", "height", "width"):
         value = getattr(cfg, key)
@@ -107,6 +194,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     height, width = cfg.height or cfg.eval_image_size, cfg.width or cfg.eval_image_size
     dynamic = cfg.dynamic_batch and file_format in DYNAMIC_FORMATS
     batch_size = None if dynamic else cfg.batch_size
+    calibration = None
+    if check_quantize(cfg, file_format, height, width):
+        calibration = calibration_batches(cfg, batch_size=cfg.batch_size, image_size=height)
 
     init_device(cfg.device_target, device_id=cfg.device_id, mode_name="GRAPH")
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
@@ -114,7 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       use_ema=cfg.use_ema)
     net.set_train(False)
 
-    file_name = cfg.file_name or cfg.net_name
+    file_name = cfg.file_name or (f"{cfg.net_name}_int8" if calibration else cfg.net_name)
     if file_name.lower().endswith(FILE_FORMATS[file_format]):  # --file_name model.onnx means model + .onnx
         file_name = file_name[:-len(FILE_FORMATS[file_format])]
     target = os.path.abspath(file_name + FILE_FORMATS[file_format])
@@ -122,7 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(folder, exist_ok=True)
     report = {"path": target, "file_format": file_format, "input_shape": [batch_size, 3, height, width],
               "verified": False, "max_abs_diff": None, "top1_agreement": None, "max_abs_logit": None,
-              "tolerance": cfg.verify_tolerance if cfg.verify else None}
+              "tolerance": cfg.verify_tolerance if cfg.verify else None, "quantization": None}
     shape_text = f"({'dynamic' if dynamic else batch_size}, 3, {height}, {width})"
     with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as staging:
         staged = export_network(net, file_name=file_name, file_format=file_format, batch_size=batch_size,
@@ -144,8 +234,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       f"{result['max_abs_logit']:.3g}); not written to {target}", file=sys.stderr, flush=True)
                 return 1
             report["verified"] = True
+        if calibration:
+            staged, report["quantization"] = quantize_export(staged, cfg, calibration=calibration,
+                                                             batch_size=cfg.batch_size, staging=staging)
         os.replace(staged, target)
-    print(f"exported {file_format} with input {shape_text} to {target}", flush=True)
+    print(f"exported {file_format}{' int8' if calibration else ''} with input {shape_text} to {target}", flush=True)
     print(json.dumps(report), flush=True)
     return 0
 

@@ -12,7 +12,8 @@ the last line on stdout is one JSON object: {"model", "dataset", "image_size", "
 [{"path", "top_k": [{"index", "label", "probability"}, ...]}, ...]}.
 Class names come from --labels (a text file with one name per line, a folder of class folders
 or a CIFAR-10 folder with batches.meta.txt); without it, classes are shown by index.
-ONNX files (a fixed batch) run in batches of their exported size, the last one padded.
+ONNX files (a fixed batch; float or int8 from export.py --quantize int8) run in batches of their
+exported size, the last one padded.
 For CPU inference, export ONNX: it runs through onnxruntime, on --threads threads (default: one per
 core this process may use), about 2-3x faster than MindSpore or PyTorch eager on the same CPU
 (benchmark.py measures it).

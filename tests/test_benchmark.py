@@ -15,10 +15,10 @@ def test_benchmark_writes_every_field(tmp_path):
     written = json.loads(report_path.read_text())
     (report,) = written["reports"]
     assert {report["net"], report["batch_size"], report["image_size"]} == {"resnet18", 2, 32}
-    for framework in ("mindspore", "torch", "onnxruntime"):
+    for framework in ("mindspore", "torch", "onnxruntime", "onnxruntime_int8"):
         measured = report[framework]
         assert measured["compile_s"] >= 0
-        assert (framework == "onnxruntime") == ("train_compute_img_per_s" not in measured)
+        assert framework.startswith("onnxruntime") == ("train_compute_img_per_s" not in measured)
         for label in ("eval_batch_1", "eval_batch_2"):
             assert measured[label]["img_per_s"] > 0
             latency = measured[label]["latency_ms"]
@@ -31,7 +31,10 @@ def test_benchmark_writes_every_field(tmp_path):
                                      "train_mindspore_over_torch", "eval_batch_1_mindspore_over_torch",
                                      "eval_batch_2_mindspore_over_torch", "eval_batch_1_onnxruntime_over_mindspore",
                                      "eval_batch_1_onnxruntime_over_torch", "eval_batch_2_onnxruntime_over_mindspore",
-                                     "eval_batch_2_onnxruntime_over_torch"}
+                                     "eval_batch_2_onnxruntime_over_torch"} | {
+        f"eval_batch_{n}_onnxruntime_int8_over_{other}" for n in (1, 2) for other in ("mindspore", "torch", "onnxruntime")}
+    assert report["ratios"]["eval_batch_2_onnxruntime_int8_over_onnxruntime"] == round(
+        report["onnxruntime_int8"]["eval_batch_2"]["img_per_s"] / report["onnxruntime"]["eval_batch_2"]["img_per_s"], 3)
     model, measured = report["model"], report["mindspore"]  # the model summary beside the speeds
     assert model["trainable_parameters"] == 11_181_642 and model["image_size"] == 32 and model["gflops"] > 0
     evals = {label: round(model["gflops"] * measured[label]["img_per_s"], 2)

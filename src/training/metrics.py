@@ -1,5 +1,5 @@
 """Evaluation: top-1/top-5 counts, mean loss and the sample count, summed over ranks."""
-from typing import Dict
+from typing import Callable, Dict
 
 import numpy as np
 from mindspore import nn
@@ -30,8 +30,12 @@ class ClassificationCounts(Metric):
         self.totals = np.zeros(4, dtype=np.float64)  # top1, top5, loss_sum, samples
 
     def update(self, *inputs) -> None:
-        logits = inputs[0].asnumpy().astype(np.float64)
-        labels = inputs[1].asnumpy().astype(np.int64)
+        self.add(inputs[0].asnumpy(), inputs[1].asnumpy())
+
+    def add(self, logits: np.ndarray, labels: np.ndarray) -> None:
+        """Count one batch of logits [batch, classes] against its integer labels."""
+        logits = logits.astype(np.float64)
+        labels = labels.astype(np.int64)
         rank = true_class_rank(logits, labels)
         shifted = logits - logits.max(axis=1, keepdims=True)
         loss = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(labels)), labels]
@@ -56,12 +60,29 @@ def evaluate_sums(net: nn.Cell, dataset, metrics: Dict[str, Metric], *, num_clas
     rank returns the sums of the whole split."""
     net.set_train(False)
     model = Model(net, loss_fn=create_loss(num_classes=num_classes), metrics=metrics)
-    sums = model.eval(dataset, dataset_sink_mode=False)
-    names = list(metrics)
-    if group_size > 1:
-        joined = all_reduce_sum(np.concatenate([np.asarray(sums[name], np.float64) for name in names]))
-        sums = dict(zip(names, np.split(joined, np.cumsum([np.size(sums[name]) for name in names])[:-1])))
-    return sums
+    return sum_over_ranks(model.eval(dataset, dataset_sink_mode=False), group_size)
+
+
+def predictor_sums(run: Callable[[np.ndarray], np.ndarray], dataset, metrics: Dict[str, Metric], *,
+                   group_size: int = 1) -> Dict[str, np.ndarray]:
+    """`evaluate_sums` for a model given as a function from an image batch to its logits (an
+    exported file); each metric takes the batches through its `add(logits, labels)`."""
+    for metric in metrics.values():
+        metric.clear()
+    for images, labels in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1):
+        logits = run(images)
+        for metric in metrics.values():
+            metric.add(logits, labels)
+    return sum_over_ranks({name: metric.eval() for name, metric in metrics.items()}, group_size)
+
+
+def sum_over_ranks(sums: Dict[str, np.ndarray], group_size: int) -> Dict[str, np.ndarray]:
+    """The metrics' vectors summed over all ranks in one allreduce (unchanged for one process)."""
+    if group_size <= 1:
+        return sums
+    names = list(sums)
+    joined = all_reduce_sum(np.concatenate([np.asarray(sums[name], np.float64) for name in names]))
+    return dict(zip(names, np.split(joined, np.cumsum([np.size(sums[name]) for name in names])[:-1])))
 
 
 def evaluate(net: nn.Cell, dataset, *, num_classes: int, group_size: int = 1) -> Dict[str, float]:
@@ -69,3 +90,8 @@ def evaluate(net: nn.Cell, dataset, *, num_classes: int, group_size: int = 1) ->
     shards are summed so every rank returns the same numbers for the whole split."""
     return summarize(evaluate_sums(net, dataset, {"counts": ClassificationCounts()}, num_classes=num_classes,
                                    group_size=group_size)["counts"])
+
+
+def evaluate_outputs(run: Callable[[np.ndarray], np.ndarray], dataset, *, group_size: int = 1) -> Dict[str, float]:
+    """`evaluate` for a model given as a function from an image batch to its logits (an exported file)."""
+    return summarize(predictor_sums(run, dataset, {"counts": ClassificationCounts()}, group_size=group_size)["counts"])

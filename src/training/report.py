@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from mindspore import nn
 from mindspore.train import Metric
 
 from src.deploy.inference import softmax
 from src.files import atomic_target, write_atomic
-from src.training.metrics import ClassificationCounts, evaluate_sums, summarize, true_class_rank
+from src.training.metrics import ClassificationCounts, evaluate_sums, predictor_sums, summarize, true_class_rank
 
 CALIBRATION_BINS = 15
 TOP_K = 5
@@ -54,8 +55,12 @@ class ReportCounts(Metric):
         self.seen = 0
 
     def update(self, *inputs) -> None:
-        logits = inputs[0].asnumpy().astype(np.float64)
-        labels = inputs[1].asnumpy().astype(np.int64)
+        self.add(inputs[0].asnumpy(), inputs[1].asnumpy())
+
+    def add(self, logits: np.ndarray, labels: np.ndarray) -> None:
+        """Count one batch of logits [batch, classes] against its integer labels."""
+        logits = logits.astype(np.float64)
+        labels = labels.astype(np.int64)
         finite = np.isfinite(logits).all(axis=1)
         np.add.at(self.nonfinite, labels[~finite], 1)
         np.add.at(self.top5, labels, true_class_rank(logits, labels) < 5)
@@ -134,16 +139,21 @@ class EvalReport:
         return [int(present[i]) for i in np.argsort(accuracy, kind="stable")[:limit]]
 
 
-def evaluate_with_report(net, dataset, *, num_classes: int, group_size: int = 1,
-                         keep_predictions: bool = False) -> Tuple[Dict, EvalReport]:
+def evaluate_with_report(net: Optional[nn.Cell], dataset, *, num_classes: int, group_size: int = 1,
+                         keep_predictions: bool = False,
+                         run: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> Tuple[Dict, EvalReport]:
     """evaluate()'s figures plus `ece`, and the report of the whole split, in one pass over this
-    rank's shard of `dataset` (a dataset of create_dataset: its sampler gives the global indices)."""
+    rank's shard of `dataset` (a dataset of create_dataset: its sampler gives the global indices).
+    The model is `net`, or `run` (image batch -> logits) for an exported file."""
     sampler = dataset.epoch_sampler
     total = sampler.total if keep_predictions else 0
     details = ReportCounts(num_classes, total=total,
                            sample_indices=sampler.epoch_indices(0) if keep_predictions else None)
-    sums = evaluate_sums(net, dataset, {"counts": ClassificationCounts(), "report": details},
-                         num_classes=num_classes, group_size=group_size)
+    metrics = {"counts": ClassificationCounts(), "report": details}
+    if run is not None:
+        sums = predictor_sums(run, dataset, metrics, group_size=group_size)
+    else:
+        sums = evaluate_sums(net, dataset, metrics, num_classes=num_classes, group_size=group_size)
     report = EvalReport.from_sums(sums["report"], num_classes, total)
     return {**summarize(sums["counts"]), "ece": report.ece()}, report
 
