@@ -1,5 +1,6 @@
 """export.py --quantize int8 and eval.py --model_file: a resnet18 trained on the sample data,
 quantized, and its deployed files evaluated on the test split like its checkpoint."""
+import json
 import sys
 from pathlib import Path
 from typing import Dict
@@ -95,6 +96,25 @@ def test_deployed_files_evaluate_like_the_checkpoint(models, checkpoint, cifar_d
         else:
             assert result["top_1_accuracy"] == reference["top_1_accuracy"]
             assert result["loss"] == pytest.approx(reference["loss"], abs=1e-4)
+
+
+def test_report_of_a_model_file_counts_like_the_checkpoint(models, checkpoint, cifar_dir, tmp_path):
+    """eval.py --model_file --report_dir: the float ONNX file's report has the checkpoint report's
+    confusion matrix (the same hits, counted by the same code) and its ECE to float precision."""
+    reports = {}
+    for name, source in (("checkpoint", ["--checkpoint_file_path", str(checkpoint)]),
+                         ("onnx", ["--model_file", models["float"]["path"]])):
+        folder = tmp_path / name
+        result = run([PYTHON, "eval.py", *COMMON, "--data_path", str(cifar_dir), "--batch_size", "32", *source,
+                      "--report_dir", str(folder)])
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        line = next(json.loads(text) for text in result.stdout.splitlines() if text.startswith("{"))
+        confusion = np.loadtxt(folder / "confusion.csv", delimiter=",", skiprows=1, usecols=range(1, 11))
+        reports[name] = line, confusion
+    (checkpoint_line, checkpoint_confusion), (onnx_line, onnx_confusion) = reports["checkpoint"], reports["onnx"]
+    assert onnx_confusion.sum() == 101 and np.trace(onnx_confusion) == round(onnx_line["top_1_accuracy"] * 101)
+    assert (onnx_confusion == checkpoint_confusion).all()
+    assert onnx_line["ece"] == pytest.approx(checkpoint_line["ece"], abs=1e-4)
 
 
 def test_predict_runs_the_int8_file(models, cifar_dir, tmp_path):
