@@ -13,7 +13,7 @@ from mindspore import nn
 from conftest import PYTHON, run
 from src.errors import UserInputError
 from src.resnet import create_model
-from src.training.checkpoint import zoo_to_ms_name
+from src.training.checkpoint import common_prefix, zoo_to_ms_name
 from src.training.model_summary import model_summary
 
 # Counted by hand from the zoo's definition. Stem: 3x3 convs 3->32, 32->32, 32->64 (864 + 9,216 +
@@ -74,6 +74,7 @@ def test_parameters_and_names_are_the_zoos(se_net):
     expected = zoo_se_resnet50_names()
     assert sorted(zoo_name(p.name) for p in params) == sorted(expected)
     assert all(zoo_to_ms_name(zoo_name(p.name)) == p.name for p in params)  # the loader maps them back
+    assert common_prefix(["network.layer1.0.conv1.weight", "network.conv1_0.weight"]) == "network."
     shapes = {zoo_name(p.name): tuple(p.shape) for p in params}
     assert shapes["conv1_0.weight"] == (32, 3, 3, 3) and shapes["conv1_2.weight"] == (64, 32, 3, 3)
     assert shapes["layer2.0.e2.0.weight"] == (128, 128, 3, 3)
