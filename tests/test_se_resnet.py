@@ -164,3 +164,18 @@ def test_converter_takes_a_zoo_se_resnet50_checkpoint(zoo_checkpoint, tmp_path):
     with pytest.raises(UserInputError, match="torchvision does not have"):
         convert_torch.main(["--arch", "se-resnet50", "--zoo_ckpt", str(zoo_checkpoint), "--pth_out",
                             str(tmp_path / "se.pth")])
+
+
+def test_zoo_checkpoint_is_a_pre_trained_backbone_for_a_new_head(zoo_checkpoint, se_net):
+    """train.py --pre_trained ZOO.ckpt --class_num 10 --filter_weight True: the zoo's backbone
+    arrives (names mapped), the 1001-class head is skipped."""
+    from src.training.checkpoint import load_pretrained
+    net, lines = create_model("se-resnet50", num_classes=10), []
+    skipped = load_pretrained(net, str(zoo_checkpoint), head=["fc.weight", "fc.bias"], filter_weight=True,
+                              what="se-resnet50", log=lines.append)
+    assert skipped == ["fc.weight (1001, 2048)", "fc.bias (1001,)"] and len(lines) == 1
+    source = {p.name: p.asnumpy() for p in se_net.get_parameters()}
+    loaded = {p.name: p.asnumpy() for p in net.get_parameters()}
+    for name in ("conv1_0.weight", "layer2.0.e2.0.weight", "layer3.0.downsample.1.weight",
+                 "layer4.2.se_dense_1.bias", "bn1.moving_variance"):
+        assert np.array_equal(loaded[name], source[name]), name
