@@ -1,7 +1,10 @@
-"""ResNet 18/34/50/101/152 (v1.5), ResNeXt and Wide ResNet with torchvision's structure and names.
+"""ResNet 18/34/50/101/152 (v1.5), ResNeXt and Wide ResNet with torchvision's structure and names,
+and the MindSpore model zoo's SE-ResNet50 with the zoo's structure.
 
 ResNeXt and Wide ResNet are the bottleneck ResNet with a wider, grouped 3x3 convolution
-(torchvision's `groups` and `width_per_group`); one Bottleneck builds all three.
+(torchvision's `groups` and `width_per_group`); one Bottleneck builds all three. SE-ResNet50
+(`se-resnet50`) is built as the zoo builds it (SEResNet50 below), so the zoo's checkpoints give
+the zoo's outputs.
 
 Convolutions pad symmetrically (`pad_mode='pad'`, padding k//2), as torchvision does, so a
 converted torchvision checkpoint gives the same outputs. BatchNorm uses MindSpore's names
@@ -37,6 +40,9 @@ ARCHS = {
     "wide_resnet50_2": Arch("bottleneck", [3, 4, 6, 3], width_per_group=128),
     "wide_resnet101_2": Arch("bottleneck", [3, 4, 23, 3], width_per_group=128),
 }
+# Networks of the model zoo built with its own structure (not torchvision's family above).
+ZOO_NETWORKS = ("se-resnet50",)
+NET_NAMES = tuple(ARCHS) + ZOO_NETWORKS
 CONV_INITS = ("kaiming_normal", "XavierUniform", "TruncatedNormal")
 DENSE_INITS = ("default", "TruncatedNormal", "RandomNormal")
 
@@ -128,7 +134,26 @@ class Bottleneck(nn.Cell):
 Block = Union[Type[BasicBlock], Type[Bottleneck]]
 
 
-class ResNet(nn.Cell):
+class Classifier(nn.Cell):
+    """Global average pool and the fc head over a subclass's `forward_features`.
+
+    Subclasses call `_add_head` last, so the head's parameters come last in the network's order
+    (all_reduce_fusion_config indexes that order)."""
+
+    def _add_head(self, features: int, num_classes: int) -> None:
+        self.mean = ops.ReduceMean(keep_dims=False)
+        self.fc = nn.Dense(features, num_classes)
+        self.backbone_frozen = False  # set by train_head_only; a constant of the compiled graph
+
+    def construct(self, x):
+        features = self.mean(self.forward_features(x), (2, 3))
+        if self.backbone_frozen:
+            # Cut here, so the backward pass ends at the head instead of crossing the backbone.
+            features = ops.stop_gradient(features)
+        return self.fc(features)
+
+
+class ResNet(Classifier):
     """conv1/bn1/relu/maxpool stem, layer1..4, global average pool, fc."""
 
     def __init__(self, block: Block, layers: List[int], num_classes: int = 1000, groups: int = 1,
@@ -146,9 +171,7 @@ class ResNet(nn.Cell):
         self.layer2 = self._make_layer(block, 128, layers[1], stride=2)
         self.layer3 = self._make_layer(block, 256, layers[2], stride=2)
         self.layer4 = self._make_layer(block, 512, layers[3], stride=2)
-        self.mean = ops.ReduceMean(keep_dims=False)
-        self.fc = nn.Dense(512 * block.expansion, num_classes)
-        self.backbone_frozen = False  # set by train_head_only; a constant of the compiled graph
+        self._add_head(512 * block.expansion, num_classes)
 
     def _make_layer(self, block: Block, channels: int, blocks: int, stride: int) -> nn.SequentialCell:
         downsample = None
@@ -167,19 +190,135 @@ class ResNet(nn.Cell):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
+
+# ---------------------------------------------------------------------------------------------
+# The model zoo's SE-ResNet50 (mindspore-ai/models official/cv/ResNet, `se_resnet50`, use_se=True).
+# Its names are the zoo's except the two this repo renames for every zoo checkpoint
+# (src/training/checkpoint.py ZOO_RENAMES): down_sample_layer -> downsample, end_point -> fc.
+
+def same_conv(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> nn.Conv2d:
+    """A bias-free convolution padded as the zoo pads (pad_mode='same': asymmetric at stride 2)."""
+    return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="same", has_bias=False)
+
+
+def zoo_batch_norm(channels: int) -> nn.BatchNorm2d:
+    """The zoo's BatchNorm: eps 1e-4 (this repo's torchvision family: 1e-5)."""
+    return nn.BatchNorm2d(channels, eps=1e-4, momentum=0.9)
+
+
+def halving_pool() -> nn.MaxPool2d:
+    """The 2x2/2 max-pool that does the stride of SE-ResNet50's downsampling blocks."""
+    return nn.MaxPool2d(kernel_size=2, stride=2, pad_mode="same")
+
+
+class SEBottleneck(nn.Cell):
+    """The zoo's SE-ResNet50 bottleneck: 1x1 -> 3x3 -> 1x1 with 4x expansion, BN eps 1e-4.
+
+    A downsampling block (stride 2) convolves at full size and halves with a 2x2 max-pool after
+    the 3x3 (`e2`: conv, BN, ReLU, pool); its shortcut pools first, then a stride-1 1x1 conv + BN.
+    With `squeeze_excite` the block rescales its channels (global average pool, se_dense_0 to a
+    quarter of the channels, ReLU, se_dense_1, sigmoid) before the residual addition."""
+    expansion = 4
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1, squeeze_excite: bool = False):
+        super().__init__()
+        if stride not in (1, 2):
+            raise ValueError(f"SEBottleneck strides by 1 or 2, not {stride}")
+        out_channels = channels * self.expansion
+        self.strided = stride == 2
+        self.squeeze_excite = squeeze_excite
+        self.conv1 = same_conv(in_channels, channels, 1)
+        self.bn1 = zoo_batch_norm(channels)
+        if self.strided:
+            self.e2 = nn.SequentialCell([same_conv(channels, channels, 3), zoo_batch_norm(channels), nn.ReLU(),
+                                         halving_pool()])
+        else:
+            self.conv2 = same_conv(channels, channels, 3)
+            self.bn2 = zoo_batch_norm(channels)
+        self.conv3 = same_conv(channels, out_channels, 1)
+        self.bn3 = zoo_batch_norm(out_channels)
+        if squeeze_excite:
+            self.se_dense_0 = nn.Dense(out_channels, out_channels // 4)
+            self.se_dense_1 = nn.Dense(out_channels // 4, out_channels)
+            self.sigmoid = nn.Sigmoid()
+        self.relu = nn.ReLU()
+        self.downsample = self._shortcut(in_channels, out_channels)
+
+    def _shortcut(self, in_channels: int, out_channels: int) -> Optional[nn.SequentialCell]:
+        if self.strided:
+            return nn.SequentialCell([halving_pool(), same_conv(in_channels, out_channels, 1),
+                                      zoo_batch_norm(out_channels)])
+        if in_channels != out_channels:
+            return nn.SequentialCell([same_conv(in_channels, out_channels, 1), zoo_batch_norm(out_channels)])
+        return None
+
+    @property
+    def last_bn(self) -> nn.BatchNorm2d:
+        return self.bn3
+
+    def excite(self, x):
+        """Channel weights from the pooled features, multiplied in."""
+        scale = self.relu(self.se_dense_0(ops.mean(x, (2, 3))))
+        scale = self.sigmoid(self.se_dense_1(scale))
+        return x * ops.reshape(scale, scale.shape + (1, 1))
+
     def construct(self, x):
-        features = self.mean(self.forward_features(x), (2, 3))
-        if self.backbone_frozen:
-            # Cut here, so the backward pass ends at the head instead of crossing the backbone.
-            features = ops.stop_gradient(features)
-        return self.fc(features)
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        if self.strided:
+            out = self.e2(out)
+        else:
+            out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        if self.squeeze_excite:
+            out = self.excite(out)
+        return self.relu(out + identity)
+
+
+class SEResNet50(Classifier):
+    """The zoo's SE-ResNet50: a three-conv stem (conv1_0 3x3/2 to 32, conv1_1 3x3 to 32, conv1_2
+    3x3 to 64; bn1_0, bn1_1, bn1), a 3x3/2 max-pool, SEBottleneck stages of 3, 4, 6, 3 blocks in
+    which only the last block of layer3 and of layer4 has squeeze-excitation, then pool and fc."""
+
+    def __init__(self, num_classes: int = 1001):
+        super().__init__()
+        self.conv1_0 = same_conv(3, 32, 3, stride=2)
+        self.bn1_0 = zoo_batch_norm(32)
+        self.conv1_1 = same_conv(32, 32, 3)
+        self.bn1_1 = zoo_batch_norm(32)
+        self.conv1_2 = same_conv(32, 64, 3)
+        self.bn1 = zoo_batch_norm(64)
+        self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="same")
+        self.layer1 = self._make_layer(64, 64, 3, stride=1, squeeze_excite=False)
+        self.layer2 = self._make_layer(256, 128, 4, stride=2, squeeze_excite=False)
+        self.layer3 = self._make_layer(512, 256, 6, stride=2, squeeze_excite=True)
+        self.layer4 = self._make_layer(1024, 512, 3, stride=2, squeeze_excite=True)
+        self._add_head(512 * SEBottleneck.expansion, num_classes)
+
+    @staticmethod
+    def _make_layer(in_channels: int, channels: int, blocks: int, stride: int,
+                    squeeze_excite: bool) -> nn.SequentialCell:
+        """A stage; with `squeeze_excite` only its last block has it (the zoo's choice)."""
+        out_channels = channels * SEBottleneck.expansion
+        cells = [SEBottleneck(in_channels, channels, stride)]
+        cells += [SEBottleneck(out_channels, channels) for _ in range(1, blocks - 1)]
+        cells.append(SEBottleneck(out_channels, channels, squeeze_excite=squeeze_excite))
+        return nn.SequentialCell(cells)
+
+    def forward_features(self, x):
+        """The stem and the four stages, before pooling."""
+        x = self.relu(self.bn1_0(self.conv1_0(x)))
+        x = self.relu(self.bn1_1(self.conv1_1(x)))
+        x = self.maxpool(self.relu(self.bn1(self.conv1_2(x))))
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
 
 def _set(param: Parameter, values: np.ndarray) -> None:
     param.set_data(Tensor(values.astype(np.float32)))
 
 
-def _initialize(net: ResNet, conv_init: str, dense_init: str, zero_init_residual: bool) -> None:
+def _initialize(net: Classifier, conv_init: str, dense_init: str, zero_init_residual: bool) -> None:
     """torchvision's init by default; the model zoo's choices by name."""
     conv_initializers = {
         "kaiming_normal": init.HeNormal(mode="fan_out", nonlinearity="relu"),
@@ -200,7 +339,7 @@ def _initialize(net: ResNet, conv_init: str, dense_init: str, zero_init_residual
                     else init.Normal(0.01)
                 cell.weight.set_data(init.initializer(weight_init, cell.weight.shape))
                 cell.bias.set_data(init.initializer("zeros", cell.bias.shape))
-        elif isinstance(cell, (BasicBlock, Bottleneck)) and zero_init_residual:
+        elif isinstance(cell, (BasicBlock, Bottleneck, SEBottleneck)) and zero_init_residual:
             gamma = cell.last_bn.gamma
             _set(gamma, np.zeros(gamma.shape))
 
@@ -213,7 +352,7 @@ def freeze_batch_norm(net: nn.Cell) -> None:
             cell.use_batch_statistics = False
 
 
-def train_head_only(net: ResNet) -> None:
+def train_head_only(net: Classifier) -> None:
     """Fine-tuning: only the classifier head (fc) trains. Every other parameter takes no gradient
     (optimizers and weight decay see only the head), every BatchNorm normalizes with its loaded
     statistics and leaves them as they are, and no gradient flows back into the backbone."""
@@ -225,19 +364,24 @@ def train_head_only(net: ResNet) -> None:
     net.backbone_frozen = True
 
 
+def _torchvision_family(net_name: str, num_classes: int) -> ResNet:
+    arch = ARCHS[net_name]
+    block = BasicBlock if arch.kind == "basic" else Bottleneck
+    return ResNet(block, arch.layers, num_classes, groups=arch.groups, width_per_group=arch.width_per_group)
+
+
 def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "kaiming_normal",
                  dense_init: str = "default", zero_init_residual: bool = False,
-                 freeze_bn: bool = False, freeze_backbone: bool = False) -> ResNet:
-    """Build a network of the family by name (a key of ARCHS: 'resnet18' ... 'wide_resnet101_2')."""
-    if net_name not in ARCHS:
-        raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(ARCHS)}")
+                 freeze_bn: bool = False, freeze_backbone: bool = False) -> Classifier:
+    """Build a network by name: a key of ARCHS ('resnet18' ... 'wide_resnet101_2') or the zoo's
+    'se-resnet50'."""
+    if net_name not in NET_NAMES:
+        raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(NET_NAMES)}")
     if conv_init not in CONV_INITS:
         raise UserInputError(f"unknown conv_init '{conv_init}'; choose one of {', '.join(CONV_INITS)}")
     if dense_init not in DENSE_INITS:
         raise UserInputError(f"unknown dense_init '{dense_init}'; choose one of {', '.join(DENSE_INITS)}")
-    arch = ARCHS[net_name]
-    block = BasicBlock if arch.kind == "basic" else Bottleneck
-    net = ResNet(block, arch.layers, num_classes, groups=arch.groups, width_per_group=arch.width_per_group)
+    net = SEResNet50(num_classes) if net_name == "se-resnet50" else _torchvision_family(net_name, num_classes)
     _initialize(net, conv_init, dense_init, zero_init_residual)
     if freeze_bn:
         freeze_batch_norm(net)

@@ -1,5 +1,6 @@
 """Shared fixtures: the repository on sys.path, fast CPU convolutions, small generated datasets."""
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,19 @@ def cifar_dir(sample_root) -> Path:
 @pytest.fixture(scope="session")
 def folder_dir(sample_root) -> Path:
     return sample_root / "imagenet"
+
+
+@pytest.fixture(scope="session")
+def tiny_folder_dir(folder_dir, tmp_path_factory) -> Path:
+    """folder_dir cut to 4 training and 2 validation images per class: one step at the model zoo's
+    batch 32, for networks too slow on 2 cores to train the whole split in a test."""
+    root = tmp_path_factory.mktemp("tiny_imagenet")
+    for split, keep in (("train", 4), ("val", 2)):
+        for folder in sorted(p for p in (folder_dir / split).iterdir() if p.is_dir()):
+            (root / split / folder.name).mkdir(parents=True)
+            for image in sorted(folder.iterdir())[:keep]:
+                shutil.copy(image, root / split / folder.name / image.name)
+    return root
 
 
 def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,

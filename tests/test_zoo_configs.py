@@ -19,7 +19,7 @@ from conftest import PYTHON, run
 from src.config import load_config
 from src.dataset import DATASETS
 from src.errors import UserInputError
-from src.resnet import ARCHS, create_model
+from src.resnet import NET_NAMES, create_model
 from test_zoo import HEAD, RUN, TAIL, TRAIN, one_line_error, write_zoo_file
 
 SMALL = {"epoch_size": 1, "warmup_epochs": 0, "train_image_size": 32, "eval_image_size": 32, "batch_size": 64}
@@ -58,8 +58,10 @@ ZOO_FILES = {
         all_reduce_fusion_config=[85, 160]), None),
     "resnet50_imagenet2012_Ascend_Thor_config.yaml": (structure("resnet50", THOR), "optimizer Thor"),
     "resnet50_imagenet2012_GPU_Thor_config.yaml": (structure("resnet50", THOR, "GPU"), "optimizer Thor"),
-    "se-resnet50_imagenet2012_config.yaml": (structure("se-resnet50", IMAGENET, lr_decay_mode="cosine"),
-                                             "net_name 'se-resnet50'"),
+    "se-resnet50_imagenet2012_config.yaml": (structure(
+        "se-resnet50", IMAGENET, lr_decay_mode="cosine", lr_init=0, lr_max=0.3, train_epoch_size=24,
+        lars_epsilon=0.0, lars_coefficient=0.001, eval_start_epoch=40, all_reduce_fusion_config=[85, 160],
+        batch_size=32, file_name="se-resnet50", network_dataset="se-resnet50_imagenet2012"), None),
     "resnet34_cpu_config.yaml": (structure(
         "resnet34", {**CIFAR, "dataset": "flower_photos", "class_num": 5}, "CPU",
         checkpoint_path="./resnet34_imagenet2012.ckpt", checkpoint_file_path="./best_acc.ckpt", learning_rate=0.001,
@@ -93,7 +95,7 @@ def test_each_zoo_file_is_ready_to_train_or_refused_before_any_work(name, zoo_fo
     def prepare():
         cfg = load_config(["--config_path", str(zoo_folder / name), "--device_target", "CPU"])
         train.check_step_keys(cfg)
-        if cfg.net_name not in ARCHS:
+        if cfg.net_name not in NET_NAMES:
             create_model(cfg.net_name)  # the one-line refusal of an unknown network
         train.create_schedule(cfg, steps_per_epoch=10)
         return cfg
@@ -122,6 +124,21 @@ def test_zoo_imagenet_structure_trains_one_epoch(zoo_folder, folder_dir, tmp_pat
                   "--num_parallel_workers", "1"])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert (tmp_path / "resnet18" / "imagenet2012" / "resnet18-1_3.ckpt").is_file()
+
+
+def test_zoo_se_resnet50_structure_trains_one_step(zoo_folder, tiny_folder_dir, tmp_path):
+    """se-resnet50_imagenet2012_config.yaml's structure (SE-ResNet50, cosine decay, label smoothing,
+    1001 classes, Xavier/TruncatedNormal init, batch 32) with only command-line additions: one step
+    over 40 images."""
+    result = run([PYTHON, "train.py", "--config_path", str(zoo_folder / "se-resnet50_imagenet2012_config.yaml"),
+                  "--data_path", str(tiny_folder_dir), "--device_target", "CPU", "--output_dir", str(tmp_path),
+                  "--num_parallel_workers", "1"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    folder = tmp_path / "se-resnet50" / "imagenet2012"
+    params = ms.load_checkpoint(str(folder / "se-resnet50-1_1.ckpt"))
+    assert params["fc.weight"].shape == (1001, 2048) and "layer4.2.se_dense_1.weight" in params
+    losses = [float(row.split(",")[2]) for row in (folder / "metrics.csv").read_text().splitlines()[1:]]
+    assert len(losses) == 1 and np.isfinite(losses[0])
 
 
 def zoo_names(name: str) -> str:

@@ -8,7 +8,8 @@ The input is a torchvision-style state dict (bare, or under `state_dict` / `mode
 `model_state_dict` of a training checkpoint, with or without a `module.` prefix), read with
 `torch.load(..., weights_only=True)` so an untrusted file never runs code; or a MindSpore checkpoint
 with this repo's names or the model zoo's (`down_sample_layer`, `end_point`, `bn1d`/`bn2d`;
-optimizer state is dropped). The format is detected from the file's first bytes. The output is a
+optimizer state is dropped). The zoo's SE-ResNet50 (`--arch se-resnet50`) converts between
+MindSpore checkpoints only: torchvision has no such network. The format is detected from the file's first bytes. The output is a
 MindSpore checkpoint for `create_model(arch, num_classes)` (`--ckpt`), verified by loading it back
 into that network, or a torchvision-loadable state dict (`--pth_out`). `num_classes` comes from
 the head (`fc.weight`). torch is optional: only .pth files need it.
@@ -26,7 +27,7 @@ import numpy as np
 # common_prefix and zoo_to_ms_name live with the loader (one name mapping); src.migration.parity imports them from here.
 from src.device import prefer_fast_cpu_convolutions
 from src.errors import OneLineParser, UserInputError, require_module, run_cli
-from src.resnet import ARCHS, create_model
+from src.resnet import ARCHS, NET_NAMES, ZOO_NETWORKS, create_model
 from src.training.checkpoint import (common_prefix, is_training_state, load_into_network, read_checkpoint,  # noqa: F401
                                      repo_name, zoo_to_ms_name)
 
@@ -43,8 +44,8 @@ TORCH_BN_ORDER = ("weight", "bias", "running_mean", "running_var", "num_batches_
 _BN_MODULE = re.compile(r"(?:^|\.)(?:bn\d+|downsample\.1)$")
 # Where a training checkpoint keeps the model's state dict.
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
-# Keys of networks this repo does not build (the zoo's SE-ResNet50).
-_SE_RESNET = re.compile(r"(?:^|\.)(?:conv1_0|se_dense_\d|e2)\.")
+# The stem of the zoo's SE-ResNet50 (its first convolution), which no torchvision-family network has.
+SE_RESNET_STEM = "conv1_0.weight"
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 MAX_LISTED = 8
 
@@ -101,6 +102,8 @@ def guess_arch(params: Mapping[str, object]) -> Optional[str]:
 
     `params` maps this repo's names to arrays or tensors: the shape of layer1.0.conv2.weight,
     [groups x width_per_group, width_per_group, 3, 3], tells ResNet, ResNeXt and Wide ResNet apart."""
+    if SE_RESNET_STEM in params:
+        return "se-resnet50"
     names = list(params)
     blocks = []
     for stage in STAGES:
@@ -252,10 +255,6 @@ def read_mindspore_source(path: str) -> Source:
     source = Source(path, "mindspore")
     optimizer = [name for name in params if is_training_state(name)]
     network = [name for name in params if not is_training_state(name)]
-    se_keys = [name for name in network if _SE_RESNET.search(name)]
-    if se_keys:
-        raise UserInputError(f"{path} is the model zoo's SE-ResNet50 ({listed(se_keys)}), which this repo "
-                             f"does not build; convert a plain ResNet checkpoint")
     prefix = common_prefix(network)
     renamed = 0
     for key in network:
@@ -380,8 +379,11 @@ def write_pth(state: "OrderedDict", target: str) -> None:
             os.remove(staged)
 
 
-def zoo_note(arch: str) -> str:
-    """How this repo's network computes differently from the model zoo's with the same weights."""
+def zoo_note(arch: str) -> Optional[str]:
+    """How this repo's network computes differently from the model zoo's with the same weights
+    (None for SE-ResNet50, built as the zoo builds it)."""
+    if arch in ZOO_NETWORKS:
+        return None
     if ARCHS[arch].kind == "basic":  # the zoo's resnet18/34 (res_base=True) pad symmetrically like this repo
         return ("note: model-zoo weights: the zoo's ResNet18/34 block BatchNorms (bn1d/bn2d) use eps 1e-4, "
                 "this repo's 1e-5, so outputs differ slightly (~0.2% of the logits) from the zoo's network")
@@ -410,8 +412,9 @@ def convert(arch: str, source: Source, *, ckpt: Optional[str], pth_out: Optional
         print(f"wrote {pth_out}: torchvision {arch} state dict, {len(state)} keys ({bn_layers} BatchNorm "
               f"layers with num_batches_tracked = 0), float32; load it with "
               f"torchvision.models.{arch}(num_classes={classes}).load_state_dict(torch.load(path))", flush=True)
-    if source.from_zoo:
-        print(zoo_note(arch), flush=True)
+    note = zoo_note(arch) if source.from_zoo else None
+    if note:
+        print(note, flush=True)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -419,7 +422,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         prog="python -m src.migration.convert_torch",
         description="Convert ResNet weights: torchvision .pth or MindSpore/model-zoo .ckpt -> this repo's "
                     ".ckpt (--ckpt) or a torchvision state dict (--pth_out).")
-    parser.add_argument("--arch", required=True, choices=list(ARCHS), help="this repo's network")
+    parser.add_argument("--arch", required=True, choices=list(NET_NAMES), help="this repo's network")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--pth", metavar="IN.pth", help="input: torchvision-style state dict (.pth/.pt), read with weights_only=True")
     source.add_argument("--ckpt_in", "--zoo_ckpt", dest="ckpt_in", metavar="IN.ckpt",
@@ -431,6 +434,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.ckpt and not args.pth_out:
         parser.error("give an output: --ckpt OUT.ckpt and/or --pth_out OUT.pth")
+    if args.arch in ZOO_NETWORKS and (args.pth or args.pth_out):
+        parser.error(f"--arch {args.arch} is the model zoo's network, which torchvision does not have: convert "
+                     f"MindSpore checkpoints only (--zoo_ckpt IN.ckpt --ckpt OUT.ckpt)")
     return args
 
 

@@ -23,6 +23,10 @@ STATE_SCALARS = {"global_step", "learning_rate", "momentum", "beta1_power", "bet
                  "epoch_num", "step_num", "top_1_accuracy", STEP_COUNTER}
 # The model zoo's names for the same modules (ResNet in mindspore-ai/models, official/cv/ResNet).
 ZOO_RENAMES = {"down_sample_layer": "downsample", "end_point": "fc", "bn1d": "bn1", "bn2d": "bn2"}
+# Stem convolutions that mark where a network's names start: the torchvision family's conv1 and
+# the zoo SE-ResNet50's conv1_0 (a network built as the zoo's: its checkpoints give the zoo's outputs).
+STEM_CONVS = ("conv1.weight", "conv1_0.weight")
+ZOO_BUILT_STEM = "conv1_0.weight"
 CHECKPOINT_NAME = re.compile(r"^(?P<net>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 BEST_NAME = "best.ckpt"
 MAX_LISTED = 8
@@ -145,12 +149,13 @@ def zoo_to_ms_name(name: str) -> str:
 def common_prefix(keys: Iterable[str]) -> str:
     """The wrapper prefix in front of the network's names ('module.', '_orig_mod.', 'network.'...).
 
-    Found from the stem convolution `<prefix>conv1.weight` (the one not inside a layer)."""
+    Found from the stem convolution `<prefix>conv1.weight` or `<prefix>conv1_0.weight` (not inside a layer)."""
     for key in keys:
-        if key.endswith("conv1.weight") and "layer" not in key:
-            prefix = key[: -len("conv1.weight")]
-            if prefix == "" or prefix.endswith("."):
-                return prefix
+        for stem in STEM_CONVS:
+            if key.endswith(stem) and "layer" not in key:
+                prefix = key[: -len(stem)]
+                if prefix == "" or prefix.endswith("."):
+                    return prefix
     return ""
 
 
@@ -176,8 +181,9 @@ def network_params(params: Dict[str, Parameter], path: str) -> Tuple[Dict[str, P
     done += [f"prefix '{prefix}' dropped"] if prefix else []
     dropped = len(params) - len(network)
     done += [f"{dropped} optimizer entries skipped"] if dropped else []
+    zoo_built = ZOO_BUILT_STEM in mapped  # SE-ResNet50 is built as the zoo's: nothing computes differently
     caveat = ("; the zoo's networks compute slightly differently (padding, BatchNorm eps: README, 'Coming from "
-              "PyTorch')") if renamed else ""
+              "PyTorch')") if renamed and not zoo_built else ""
     return mapped, f"checkpoint {path}: {', '.join(done)}{caveat}"
 
 
