@@ -24,7 +24,7 @@ from src.device import cap_workers, init_device
 from src.errors import UserInputError, run_cli
 from src.files import remove_stale_temporaries
 from src.loss import create_loss
-from src.lr_schedule import create_lr_schedule
+from src.lr_schedule import create_lr_schedule, create_thor_lr_schedule
 from src.resnet import create_model
 from src.training.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
                                     StepCounter, TrainMonitor)
@@ -40,6 +40,7 @@ from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.training.report import evaluate_with_report, save_report
 from src.training.run_record import RunRecord
+from src.training.thor import THOR, check_thor, create_thor_model
 from src.training.train_step import NetWithLoss, TrainStep, check_ema_decay, ema_schedule
 
 BOOST_MODES = ("O0", "O1", "O2")
@@ -89,6 +90,10 @@ def check_data(cfg: Config, log) -> None:
 
 
 def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
+    """The per-step learning rates of the whole run (THOR's own curve for optimizer Thor)."""
+    if cfg.optimizer == THOR:
+        return create_thor_lr_schedule(lr_init=cfg.lr_init, lr_decay=cfg.lr_decay, lr_end_epoch=cfg.lr_end_epoch,
+                                       steps_per_epoch=steps_per_epoch, total_steps=cfg.epoch_size * steps_per_epoch)
     return create_lr_schedule(
         cfg.lr_decay_mode, lr_init=cfg.lr_init, lr_max=cfg.lr_max, lr_end=cfg.lr_end,
         total_steps=cfg.epoch_size * steps_per_epoch,
@@ -186,6 +191,9 @@ def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
 
 def check_step_keys(cfg: Config) -> None:
     """The optimizer and EMA keys, checked before any work (ranges are checked at load)."""
+    if cfg.optimizer == THOR:  # its own training path, Ascend/GPU only
+        check_thor(cfg)
+        return
     check_optimizer(cfg.optimizer, use_nesterov=cfg.use_nesterov, momentum=cfg.momentum,
                     lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
     if cfg.model_ema:
@@ -326,14 +334,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_data(cfg, log)
 
     net = create_network(cfg, log)
+    split_points = fusion_points(cfg, net) if group_size > 1 else []
     if group_size > 1:
-        set_data_parallel(group_size, fusion_points(cfg, net))
+        set_data_parallel(group_size, split_points)
     dataset = create_train_dataset(cfg, rank, group_size, folder)
     steps_per_epoch = dataset.get_dataset_size()
     check_sink_size(cfg, steps_per_epoch)
     eval_dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size) if cfg.run_eval else None
     lrs = create_schedule(cfg, steps_per_epoch)
-    model = create_train_model(cfg, net, lrs, steps_per_epoch=steps_per_epoch, group_size=group_size)
+    counted = model_summary(net, image_size=cfg.train_image_size)  # before THOR swaps the Conv2d/Dense cells
+    if cfg.optimizer == THOR:
+        log(f"optimizer Thor: MindSpore's nn.thor and ModelThor in dataset sink mode, matrices refreshed every "
+            f"{cfg.frequency} steps; this repository's training step (EMA, accumulation, clipping) is not used")
+        model = create_thor_model(cfg, net, lrs, steps_per_epoch=steps_per_epoch, fusion_points=split_points,
+                                  group_size=group_size)
+    else:
+        model = create_train_model(cfg, net, lrs, steps_per_epoch=steps_per_epoch, group_size=group_size)
 
     # Everything that can be wrong with the input is checked above; only now is anything written.
     resume_from = resume_checkpoint(cfg, folder, steps_per_epoch, log)
@@ -362,8 +378,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  eval_dataset=eval_dataset, record=record, log=log,
                                  bad_samples=dataset.bad_samples, argv=argv)
 
-    log(summary_line(cfg.net_name, model_summary(net, image_size=cfg.train_image_size,
-                                                 checkpoint_bytes=parameter_bytes(model.train_network)),
+    log(summary_line(cfg.net_name, dict(counted, checkpoint_mb=parameter_bytes(model.train_network) / 2**20),
                      "training checkpoint (weights and optimizer state)"))
     micro_batches = f" x {cfg.grad_accumulation_steps} micro-batches" if cfg.grad_accumulation_steps > 1 else ""
     log(f"training {cfg.net_name} on {cfg.dataset} ({cfg.data_path}): epochs {start_epoch + 1}..{cfg.epoch_size} x "

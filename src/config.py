@@ -25,11 +25,11 @@ REFERENCE_CONFIG = DEFAULT_CONFIG
 POSITIVE_KEYS = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_image_size",
                  "num_parallel_workers", "save_checkpoint_epochs", "keep_checkpoint_max", "log_interval",
                  "eval_interval", "profile_steps", "device_num", "loss_scale", "nan_patience",
-                 "grad_accumulation_steps", "model_ema_steps")
+                 "grad_accumulation_steps", "model_ema_steps", "lr_end_epoch", "damping_init", "frequency")
 NON_NEGATIVE_KEYS = ("warmup_epochs", "lr_init", "lr_max", "lr_end", "weight_decay", "momentum",
                      "save_checkpoint_steps", "label_smooth_factor", "eval_start_epoch", "device_id",
                      "eval_resize_size", "norm_weight_decay", "bias_weight_decay", "clip_grad_norm",
-                     "lars_coefficient", "lars_epsilon")
+                     "lars_coefficient", "lars_epsilon", "lr_decay", "damping_decay")
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 

@@ -77,3 +77,41 @@ def create_lr_schedule(mode: str, *, lr_init: float, lr_max: float, lr_end: floa
                 else DECAYS[mode](lr_max, lr_end, progress)
         lrs.append(lr)
     return np.asarray(lrs, dtype=np.float32)
+
+
+def _step_epochs(steps_per_epoch: int, total_steps: int, start_step: int) -> np.ndarray:
+    """The epoch each step ends in, as a fraction: (step + 1) / steps_per_epoch (THOR's clock)."""
+    if steps_per_epoch <= 0:
+        raise UserInputError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
+    if not 0 <= start_step <= total_steps:
+        raise UserInputError(f"start step {start_step} is outside the schedule of {total_steps} steps")
+    return (np.arange(start_step, total_steps, dtype=np.float64) + 1.0) / steps_per_epoch
+
+
+def create_thor_lr_schedule(*, lr_init: float, lr_decay: float, lr_end_epoch: float, steps_per_epoch: int,
+                            total_steps: int, halving_epoch: float = 39.0, start_step: int = 0) -> np.ndarray:
+    """THOR's per-step learning rates for steps [start_step, total_steps), the model zoo's rule:
+    lr_init * (1 - e / lr_end_epoch) ** lr_decay at epoch e = (step + 1) / steps_per_epoch, halved
+    from epoch `halving_epoch` on and halved again one epoch later. The curve reaches 0 at
+    lr_end_epoch, so a run must end by then (the zoo trains 45 of 53, 40 of 50 epochs)."""
+    epochs = _step_epochs(steps_per_epoch, total_steps, start_step)
+    if lr_end_epoch <= 0 or (len(epochs) and epochs[-1] > lr_end_epoch):
+        raise UserInputError(f"lr_end_epoch {lr_end_epoch} must be positive and at least the run's "
+                             f"{total_steps / steps_per_epoch:g} epochs (THOR's lr reaches 0 there); "
+                             f"raise lr_end_epoch")
+    lrs = lr_init * (1.0 - epochs / lr_end_epoch) ** lr_decay
+    # the two late halvings sharpen the end of the curve, as in the zoo's recipe
+    lrs = np.where(epochs >= halving_epoch, lrs * 0.5, lrs)
+    lrs = np.where(epochs >= halving_epoch + 1, lrs * 0.5, lrs)
+    return lrs.astype(np.float32)
+
+
+def create_thor_damping_schedule(*, damping_init: float, damping_decay: float, steps_per_epoch: int,
+                                 total_steps: int, start_step: int = 0) -> np.ndarray:
+    """THOR's per-step damping for steps [start_step, total_steps): damping_init * damping_decay **
+    (e / 10) at epoch e = (step + 1) / steps_per_epoch (one factor of damping_decay per 10 epochs)."""
+    epochs = _step_epochs(steps_per_epoch, total_steps, start_step)
+    if damping_init <= 0 or not 0 < damping_decay <= 1:
+        raise UserInputError(f"THOR needs damping_init > 0 and 0 < damping_decay <= 1, got {damping_init} and "
+                             f"{damping_decay}")
+    return (damping_init * damping_decay ** (epochs / 10.0)).astype(np.float32)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from src.errors import UserInputError
-from src.lr_schedule import LR_DECAY_MODES, create_lr_schedule
+from src.lr_schedule import (LR_DECAY_MODES, create_lr_schedule, create_thor_damping_schedule,
+                             create_thor_lr_schedule)
 
 COMMON = dict(lr_init=0.02, lr_max=0.1, lr_end=0.02, total_steps=6, warmup_steps=2)
 WARMUP = [0.02, 0.06]
@@ -109,3 +110,43 @@ def test_bad_arguments_raise(kwargs, word):
     kwargs = dict(COMMON, **kwargs)
     with pytest.raises(UserInputError, match=word):
         create_lr_schedule(kwargs.pop("mode"), **kwargs)
+
+
+# THOR (the model zoo's Thor configs): lr_init 0.1, lr_decay 2, lr_end_epoch 5, 2 steps per epoch,
+# 8 steps, halvings from epoch 3. Step s ends epoch e = (s + 1) / 2 = 0.5, 1, ..., 4;
+# 0.1 * (1 - e / 5) ** 2 = 0.081, 0.064, 0.049, 0.036, 0.025, 0.016, 0.009, 0.004,
+# halved at e >= 3 (0.008, 0.0045, 0.002) and again at e >= 4 (0.001).
+THOR_LR = dict(lr_init=0.1, lr_decay=2.0, lr_end_epoch=5, steps_per_epoch=2, total_steps=8, halving_epoch=3)
+THOR_EXPECTED = [0.081, 0.064, 0.049, 0.036, 0.025, 0.008, 0.0045, 0.001]
+
+
+def test_thor_lr_by_hand():
+    lrs = create_thor_lr_schedule(**THOR_LR)
+    assert lrs.dtype == np.float32
+    np.testing.assert_allclose(lrs, THOR_EXPECTED, rtol=1e-6)
+
+
+def test_thor_lr_resumes_where_it_was():
+    np.testing.assert_allclose(create_thor_lr_schedule(**THOR_LR, start_step=5), THOR_EXPECTED[5:], rtol=1e-6)
+
+
+def test_thor_lr_refuses_a_run_longer_than_lr_end_epoch():
+    # 6 epochs past the curve's zero at epoch 5: (1 - 6/5) ** 4.08 would be NaN
+    with pytest.raises(UserInputError, match="lr_end_epoch 5"):
+        create_thor_lr_schedule(**dict(THOR_LR, total_steps=12))
+
+
+def test_thor_damping_by_hand():
+    """0.04 * 0.25 ** (e / 10), 5 steps per epoch: e = 1 at step 4 -> 0.04 * 2 ** -0.2 = 0.0348220225;
+    e = 5 at step 24 -> 0.04 * 0.5 = 0.02; e = 10 at step 49 -> 0.01."""
+    damping = create_thor_damping_schedule(damping_init=0.04, damping_decay=0.25, steps_per_epoch=5, total_steps=50)
+    assert damping.shape == (50,) and damping.dtype == np.float32
+    np.testing.assert_allclose(damping[[4, 24, 49]], [0.0348220225, 0.02, 0.01], rtol=1e-6)
+    np.testing.assert_allclose(create_thor_damping_schedule(damping_init=0.04, damping_decay=0.25, steps_per_epoch=5,
+                                                            total_steps=50, start_step=24), damping[24:])
+
+
+@pytest.mark.parametrize("init, decay", [(0.0, 0.5), (0.03, 0.0), (0.03, 1.5)])
+def test_thor_damping_refuses_bad_values(init, decay):
+    with pytest.raises(UserInputError, match="damping"):
+        create_thor_damping_schedule(damping_init=init, damping_decay=decay, steps_per_epoch=5, total_steps=50)

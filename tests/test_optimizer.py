@@ -189,3 +189,10 @@ def test_adamw_matches_torch_adamw_over_two_steps():
         # the decay (lr x wd x w ~ 1e-4) and bias correction (3x the first step) are far above it
         np.testing.assert_allclose(p.asnumpy(), reference[p.name].detach().numpy(), rtol=0, atol=1e-5,
                                    err_msg=p.name)
+
+
+def test_thor_is_built_by_train_py_not_here(net):
+    """optimizer Thor is MindSpore's nn.thor with ModelThor (src/training/thor.py), not one of the
+    training step's optimizers."""
+    with pytest.raises(UserInputError, match="src/training/thor.py"):
+        create_optimizer(net, name="Thor", learning_rate=0.1)

@@ -31,6 +31,8 @@ THOR = {"optimizer": "Thor", "class_num": 1001, "dataset": "imagenet2012", "use_
         "lr_decay": 4.0, "lr_end_epoch": 50, "damping_init": 0.02, "damping_decay": 0.5, "frequency": 834,
         "conv_init": "HeUniform", "dense_init": "HeUniform", "all_reduce_fusion_config": [85, 160]}
 
+THOR_ON_CPU = "optimizer Thor runs on Ascend or GPU only"
+
 
 def structure(net_name: str, kind: dict, device: str = "Ascend", **values) -> dict:
     return {**HEAD, **TRAIN, **RUN, "device_target": device, "net_name": net_name, **kind, **SMALL,
@@ -56,8 +58,9 @@ ZOO_FILES = {
         "resnet50", IMAGENET, optimizer="LARS", lars_epsilon=0.0, lars_coefficient=0.001, boost_mode="O1",
         lr_decay_mode="poly", conv_init="TruncatedNormal", dense_init="RandomNormal",
         all_reduce_fusion_config=[85, 160]), None),
-    "resnet50_imagenet2012_Ascend_Thor_config.yaml": (structure("resnet50", THOR), "optimizer Thor"),
-    "resnet50_imagenet2012_GPU_Thor_config.yaml": (structure("resnet50", THOR, "GPU"), "optimizer Thor"),
+    # THOR trains on Ascend/GPU only (untested here); the rows' outcome is with --device_target CPU
+    "resnet50_imagenet2012_Ascend_Thor_config.yaml": (structure("resnet50", THOR), THOR_ON_CPU),
+    "resnet50_imagenet2012_GPU_Thor_config.yaml": (structure("resnet50", THOR, "GPU"), THOR_ON_CPU),
     "se-resnet50_imagenet2012_config.yaml": (structure(
         "se-resnet50", IMAGENET, lr_decay_mode="cosine", lr_init=0, lr_max=0.3, train_epoch_size=24,
         lars_epsilon=0.0, lars_coefficient=0.001, eval_start_epoch=40, all_reduce_fusion_config=[85, 160],
@@ -114,6 +117,17 @@ def test_refused_zoo_files_stop_with_one_line_and_write_nothing(name, zoo_folder
                   "--device_target", "CPU", "--output_dir", str(tmp_path / "out")])
     assert ZOO_FILES[name][1] in one_line_error(result)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", [name for name in sorted(ZOO_FILES) if "_Thor_" in name])
+def test_thor_files_pass_the_checks_on_their_own_device(name, zoo_folder):
+    """On the device the file names (Ascend, GPU) a Thor file is ready for THOR: its keys are this
+    repository's, the checks pass and the lr is THOR's, 0.01 * (1 - e / 50) ** 4 at epoch e."""
+    cfg = load_config(["--config_path", str(zoo_folder / name)])
+    assert (cfg.optimizer, cfg.lr_end_epoch, cfg.lr_decay, cfg.frequency) == ("Thor", 50, 4.0, 834)
+    train.check_step_keys(cfg)
+    lrs = train.create_schedule(cfg, steps_per_epoch=10)
+    assert lrs[9] == pytest.approx(0.01 * (1 - 1 / 50) ** 4)
 
 
 def test_zoo_imagenet_structure_trains_one_epoch(zoo_folder, folder_dir, tmp_path):

@@ -2,9 +2,9 @@
 
 A zoo config file carries keys this repository has under another name, keys with no meaning here
 (ModelArts/OBS transfer, Ascend 310 and Lite inference, the parameter server, graph dumps) and
-the Thor optimizer's and the GPU benchmark's keys. `translate_zoo_keys` renames the first kind,
-drops the second (listing them) and refuses, in one line, a value that would change the run if
-it were silently dropped. Pure functions over dicts; no I/O.
+the GPU benchmark's keys (the Thor optimizer's keys are in the schema: src/training/thor.py).
+`translate_zoo_keys` renames the first kind, drops the second (listing them) and refuses, in one
+line, a value that would change the run if it were silently dropped. Pure functions over dicts; no I/O.
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -40,9 +40,6 @@ IGNORED_KEYS: Dict[str, Tuple[Any, str]] = {
     "enable_predict_lite_backend": (False, _LITE), "enable_predict_lite_mindir": (False, _LITE),
     # LARS (until this repository's optimizer takes them; then the schema has them and they are not ignored)
     "lars_epsilon": (None, ""), "lars_coefficient": (None, ""),
-    # the Thor optimizer's schedule (optimizer Thor itself is refused by the optimizer choice)
-    "lr_decay": (None, ""), "lr_end_epoch": (None, ""), "damping_init": (None, ""), "damping_decay": (None, ""),
-    "frequency": (None, ""),
     # gpu_resnet_benchmark.py's own keys (a file with print_per_steps is refused as a whole, see BENCHMARK_FILE)
     "lr": (None, ""), "learning_rate": (None, ""), "save_checkpoint_path": (None, ""), "print_per_steps": (None, ""),
     "eval": (None, ""), "save_ckpt": (None, ""), "dtype": (None, ""), "train_epoch_size": (None, ""),

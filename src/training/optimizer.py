@@ -124,11 +124,9 @@ def param_groups(net: nn.Cell, weight_decay: float, norm_weight_decay: float = 0
 def check_optimizer(name: str, *, use_nesterov: bool, momentum: float, lars_coefficient: float,
                     lars_epsilon: float) -> None:
     """The optimizer keys, checked before any work (one-line errors naming the key)."""
-    if name == "Thor":  # the model zoo's two THOR configs
-        raise UserInputError(
-            "optimizer Thor is not available: MindSpore 2.10's THOR (nn.thor with ModelThor) runs on Ascend and GPU "
-            "only, in sink mode (on CPU its Model.train stops with a TypeError), and this repository's training "
-            "step does not drive it; pass --optimizer Momentum (the zoo's resnet50_imagenet2012_config.yaml recipe)")
+    if name == "Thor":  # the model zoo's two THOR configs: train.py builds it (src/training/thor.py)
+        raise UserInputError("optimizer Thor is MindSpore's nn.thor with ModelThor, which train.py builds on Ascend or "
+                             "GPU (src/training/thor.py); it is not one of this training step's optimizers")
     if name not in OPTIMIZERS:
         raise UserInputError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
     if use_nesterov and name not in NESTEROV_OPTIMIZERS:
