@@ -43,7 +43,7 @@ import numpy as np
 import mindspore as ms
 
 from src.config import Config, load_config
-from src.dataset import create_dataset
+from src.dataset import create_dataset, host_normalize
 from src.deploy.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input
 from src.deploy.quantize import CALIBRATION_METHODS, compare_exports, quantize_onnx, quantized_convolutions, \
     require_quantization
@@ -143,8 +143,9 @@ def calibration_batches(cfg: Config, *, batch_size: int, image_size: int) -> Tup
         raise UserInputError(f"--calibration_data: {err}") from None
 
     def batches() -> Iterator[np.ndarray]:
-        rows = dataset().create_tuple_iterator(output_numpy=True, num_epochs=1)
-        return (images for images, _ in itertools.islice(rows, num_batches))
+        data = dataset()
+        rows = data.create_tuple_iterator(output_numpy=True, num_epochs=1)
+        return (host_normalize(images, data.normalization) for images, _ in itertools.islice(rows, num_batches))
     return batches, num_batches
 
 

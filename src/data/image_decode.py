@@ -107,10 +107,12 @@ def _unreadable(path: str, err: BaseException) -> UnreadableImageError:
 
 
 def crop_resize(image: Union[JpegFile, Image.Image], box: Box, size: Tuple[int, int],
-                resample: int = Image.BILINEAR, mode: str = "exact") -> np.ndarray:
+                resample: int = Image.BILINEAR, mode: str = "exact", out: Optional[np.ndarray] = None) -> np.ndarray:
     """The region `box` (left, top, right, bottom in the image's full-size pixels) resized to
     `size` (width, height) with Pillow's filter `resample`, computed as `mode` says
-    (RESIZE_MODES): an RGB uint8 array (height, width, 3)."""
+    (RESIZE_MODES): an RGB uint8 array (height, width, 3), written into `out` when given (a batch's
+    slot: no per-sample buffer to allocate and fault in)."""
+    out = np.empty((size[1], size[0], 3), np.uint8) if out is None else out
     path = getattr(image, "path", None) or getattr(image, "filename", "") or "<image>"
     scale = dct_scale(box, size)
     shrink = max((box[2] - box[0]) / size[0], (box[3] - box[1]) / size[1]) / scale
@@ -123,10 +125,11 @@ def crop_resize(image: Union[JpegFile, Image.Image], box: Box, size: Tuple[int, 
         else:
             decoded, box = _decode_with_pillow(image, box, size, scale)
         if mode == "plain" or approximate:
-            return _opencv_resize(np.asarray(decoded), box, size, _OPENCV_FILTERS[resample], approximate)
+            return _opencv_resize(np.asarray(decoded), box, size, _OPENCV_FILTERS[resample], approximate, out)
         if isinstance(decoded, np.ndarray):
             decoded = Image.fromarray(decoded)
-        return np.asarray(decoded.resize(size, resample, box=box))
+        out[...] = np.asarray(decoded.resize(size, resample, box=box))
+        return out
     except (OSError, ValueError, SyntaxError) as err:
         raise _unreadable(path, err) from None
 
@@ -196,7 +199,7 @@ def decoder_name() -> str:
 
 
 def _opencv_resize(pixels: np.ndarray, box: Box, size: Tuple[int, int], interpolation: int,
-                   antialias: bool) -> np.ndarray:
+                   antialias: bool, out: np.ndarray) -> np.ndarray:
     """OpenCV's `interpolation` of the (rounded) box. With `antialias` (bilinear), Pillow's
     antialiased filter approximated: where a side shrinks by s, a Gaussian prefilter first (sigma
     0.5 * sqrt(s^2 - 1): the spread Pillow's widened triangle has beyond plain bilinear sampling's),
@@ -210,7 +213,7 @@ def _opencv_resize(pixels: np.ndarray, box: Box, size: Tuple[int, int], interpol
         outer = pixels[outer_top:bottom + pad_y, outer_left:right + pad_x]
         pixels = cv2.sepFilter2D(outer, -1, kernels[0], kernels[1])
         left, right, top, bottom = left - outer_left, right - outer_left, top - outer_top, bottom - outer_top
-    return cv2.resize(pixels[top:bottom, left:right], size, interpolation=interpolation)
+    return cv2.resize(pixels[top:bottom, left:right], size, dst=out, interpolation=interpolation)
 
 
 def _gaussian_taps(sigma: float) -> np.ndarray:
