@@ -19,9 +19,11 @@ Each configuration also lists the model's parameters, GFLOPs per image at its si
 convention: multiply-accumulates) and the GFLOP/s its training and evaluation achieved.
 """
 import argparse
+import functools
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -212,19 +214,31 @@ def pipeline_rate(dataset: str, path: str, batch: int, size: int, workers: int, 
 
 def end_to_end_rate(runner: MindSporeRunner, dataset: str, path: str, batch: int, size: int, workers: int,
                     steps: int) -> float:
-    """Training img/s with batches coming from the real pipeline."""
+    """Training img/s with batches coming from the real pipeline (uint8 batches normalized by the
+    input stage's cell, as the training step's first cell does)."""
+    from src.data.input_stage import NormalizeImages
     from src.dataset import create_dataset
     data = create_dataset(dataset, path, training=True, batch_size=batch, image_size=size,
                           num_parallel_workers=workers)
+    normalize = NormalizeImages(data.normalization)
     iterator = data.create_tuple_iterator(num_epochs=-1)
-    runner.train_step(*next(iterator))
+
+    def step() -> None:
+        images, labels = next(iterator)
+        runner.train_step(normalize(images), labels)
+    step()
     start = time.perf_counter()
     for _ in range(steps):
-        runner.train_step(*next(iterator))
+        step()
     return round(batch * steps / (time.perf_counter() - start), 2)
 
 
 PHOTO_SIZE, PHOTO_RESIZE = 224, 256  # the ImageNet pipelines: train crop and eval center crop, eval short side
+CIFAR_SIZE = 32
+CIFAR_RECORDS = 10_000  # MindSpore's Cifar10Dataset rejects files with fewer records
+CARD_IMG_PER_S = 2170  # the model zoo's ResNet50 on one Ascend 910 card: 118 ms per 256-image step
+# resnet50_imagenet2012_v2.yaml's data recipe (TrivialAugmentWide, erasing, mixup/cutmix, repeated augmentation)
+V2_RECIPE = {"auto_augment": "ta_wide", "random_erase": 0.1, "mixup_alpha": 0.2, "cutmix_alpha": 1.0, "ra_reps": 4}
 
 
 def native_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
@@ -249,59 +263,106 @@ def native_imagenet_dataset(path: str, *, training: bool, batch: int, workers: i
     return data.batch(batch, drop_remainder=True)
 
 
-def our_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int, antialias: bool = True):
-    """This repository's pipeline on the same folder."""
-    from src.dataset import create_dataset
-    return create_dataset("imagenet2012", path, training=training, batch_size=batch, image_size=PHOTO_SIZE,
-                          num_parallel_workers=workers, antialias=antialias)
+def native_cifar_dataset(path: str, *, training: bool, batch: int, workers: int):
+    """MindSpore's C++ CIFAR-10 training pipeline as the model zoo builds it, at 32 px: random crop
+    with 4 pixels of padding, flip, rescale, normalize, HWC->CHW."""
+    import mindspore as ms
+    import mindspore.dataset as ds
+    import mindspore.dataset.transforms as transforms
+    import mindspore.dataset.vision as vision
+
+    from src.dataset import CIFAR_MEAN, CIFAR_STD
+    data = ds.Cifar10Dataset(path, usage="train", num_parallel_workers=workers, shuffle=training)
+    ops = [vision.RandomCrop((CIFAR_SIZE, CIFAR_SIZE), (4, 4, 4, 4)), vision.RandomHorizontalFlip(prob=0.5),
+           vision.Rescale(1.0 / 255.0, 0.0), vision.Normalize(mean=list(CIFAR_MEAN), std=list(CIFAR_STD)),
+           vision.HWC2CHW()]
+    data = data.map(operations=ops, input_columns="image", num_parallel_workers=workers)
+    data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label", num_parallel_workers=workers)
+    return data.batch(batch, drop_remainder=True)
 
 
-def plain_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
-    """This repository's pipeline resizing training crops without antialiasing, as the native one does."""
-    return our_imagenet_dataset(path, training=training, batch=batch, workers=workers, antialias=False)
-
-
-def recipe_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
-    """This repository's training pipeline with the modern recipe's per-sample work on:
-    TrivialAugmentWide and random erasing (p 0.1), as resnet50_imagenet2012_v2.yaml trains."""
+def our_dataset(path: str, *, training: bool, batch: int, workers: int, dataset: str = "imagenet2012",
+                worker_kind: str = "process", **options):
+    """This repository's pipeline (create_dataset) on the same files; `options` are its keyword arguments."""
     from src.dataset import Augmentation, create_dataset
-    return create_dataset("imagenet2012", path, training=training, batch_size=batch, image_size=PHOTO_SIZE,
-                          num_parallel_workers=workers,
-                          augmentation=Augmentation(auto_augment="ta_wide", random_erase=0.1))
+    recipe = Augmentation(**options.pop("recipe", {}))
+    size = CIFAR_SIZE if dataset == "cifar10" else PHOTO_SIZE
+    return create_dataset(dataset, path, training=training, batch_size=batch, image_size=size, class_num=10,
+                          num_parallel_workers=workers, worker_kind=worker_kind, augmentation=recipe, **options)
 
 
-def dataset_rate(data, batches: int) -> float:
-    """img/s of a batched dataset over `batches` batches after one start-up batch (epochs repeat)."""
+# What each pipeline process measures: case -> (data folder, {pipeline: (builder, training)}).
+PIPELINE_CASES = {
+    "ceiling": ("tiny", {
+        "ours": (functools.partial(our_dataset), True),
+        "ours_threads": (functools.partial(our_dataset, worker_kind="thread"), True),
+        "v2": (functools.partial(our_dataset, recipe=V2_RECIPE), True),
+        "native": (native_imagenet_dataset, True)}),
+    "photos": ("photos", {
+        "ours_train": (our_dataset, True),
+        "no_aa_train": (functools.partial(our_dataset, antialias=False), True),
+        "v2_train": (functools.partial(our_dataset, recipe=V2_RECIPE), True),
+        "native_train": (native_imagenet_dataset, True),
+        "ours_eval": (our_dataset, False),
+        "native_eval": (native_imagenet_dataset, False)}),
+    "real": ("real", {
+        "ours_train": (our_dataset, True),
+        "native_train": (native_imagenet_dataset, True),
+        "ours_eval": (our_dataset, False),
+        "native_eval": (native_imagenet_dataset, False)}),
+    "cifar": ("cifar", {
+        "ours": (functools.partial(our_dataset, dataset="cifar10"), True),
+        "v2": (functools.partial(our_dataset, dataset="cifar10", recipe=V2_RECIPE), True),
+        "native": (native_cifar_dataset, True)}),
+}
+
+
+def dataset_rate(data, batches: int) -> Tuple[float, float]:
+    """img/s of a batched dataset over `batches` batches after one start-up batch (epochs repeat),
+    and the main process's own CPU time per sample in microseconds (getrusage: all its threads,
+    not its worker processes): the cost no number of workers takes off the training process."""
     iterator = data.repeat(-1).create_tuple_iterator(num_epochs=1, output_numpy=True)
     next(iterator)
-    start, images = time.perf_counter(), 0
+    start, cpu_start, images = time.perf_counter(), _own_cpu_seconds(), 0
     for _ in range(batches):
         images += len(next(iterator)[1])
-    return round(images / (time.perf_counter() - start), 1)
+    elapsed, cpu = time.perf_counter() - start, _own_cpu_seconds() - cpu_start
+    return round(images / elapsed, 1), round(cpu / images * 1e6, 1)
 
 
-PIPELINES = {"ours": our_imagenet_dataset, "plain": plain_imagenet_dataset, "native": native_imagenet_dataset,
-             "recipe": recipe_imagenet_dataset}
-PHASES = {"ours": ("train", "eval"), "plain": ("train",), "native": ("train", "eval"), "recipe": ("train",)}
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
-def measure_pipelines(path: str, *, batch: int, workers: int, batches: int, repeats: int) -> Dict[str, float]:
-    """img/s of our and the native pipeline, train and eval, alternating repeat by repeat (medians)."""
-    rates: Dict[str, List[float]] = {}
+def measure_pipelines(folders: Dict[str, str], *, batch: int, workers: int, batches: Dict[str, int],
+                      repeats: int) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """Every case's pipelines, alternating repeat by repeat: medians of img/s and of the main
+    process's CPU microseconds per sample."""
+    samples: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
     for _ in range(repeats):
-        for name, build in PIPELINES.items():
-            for phase in PHASES[name]:
-                data = build(path, training=phase == "train", batch=batch, workers=workers)
-                rates.setdefault(f"{name}_{phase}", []).append(dataset_rate(data, batches))
-    return {key: round(float(np.median(values)), 1) for key, values in rates.items()}
+        for case, (folder, pipelines) in PIPELINE_CASES.items():
+            for name, (build, training) in pipelines.items():
+                if name.endswith("threads") and workers < 2:
+                    continue  # one worker is a thread either way
+                data = build(folders[folder], training=training, batch=batch, workers=workers)
+                samples.setdefault((case, name), []).append(dataset_rate(data, batches[folder]))
+    result: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for (case, name), values in samples.items():
+        rates, cpus = zip(*values)
+        result.setdefault(case, {})[name] = {"img_per_s": round(float(np.median(rates)), 1),
+                                             "main_cpu_us": round(float(np.median(cpus)), 1)}
+    return result
 
 
 def serve_pipelines(args: argparse.Namespace) -> int:
-    """A measuring process for the ImageNet pipelines, confined to its first --cores cores."""
+    """A measuring process for the input pipelines, confined to its first --cores cores."""
     cores = sorted(os.sched_getaffinity(0))[:args.cores]
-    os.sched_setaffinity(0, cores)  # threads started from here on inherit the mask
-    batches = max(2, 2 * args.photos // args.photo_batch)
-    result = measure_pipelines(args.photo_dir, batch=args.photo_batch, workers=args.workers, batches=batches,
+    os.sched_setaffinity(0, cores)  # threads and worker processes started from here on inherit the mask
+    folders = json.loads(args.photo_dir)
+    batches = {"tiny": max(2, args.ceiling_images // args.photo_batch), "photos": max(2, 2 * args.photos // args.photo_batch),
+               "real": max(2, 2 * args.photos // args.photo_batch), "cifar": max(2, args.ceiling_images // args.photo_batch)}
+    result = measure_pipelines(folders, batch=args.photo_batch, workers=args.workers, batches=batches,
                                repeats=args.repeats)
     print(REPLY + json.dumps({"cores": len(cores), "workers": args.workers, **result}), flush=True)
     return 0
@@ -313,26 +374,78 @@ def pipeline_settings() -> List[Tuple[int, int]]:
     return [(1, 1)] + ([(2, 1), (2, 2)] if available_cores() >= 2 else [])
 
 
+def write_pipeline_data(args: argparse.Namespace, data_root: str) -> Tuple[Dict[str, str], Dict]:
+    """The pipelines' files: tiny JPEGs (the ceiling), generated and real photographs, CIFAR-10
+    binary files of 10,000 records (MindSpore's reader takes no fewer); their folders and descriptions."""
+    from src.data.photo_data import describe_files, write_photo_folder, write_real_photo_folder, write_tiny_jpegs
+    folders = {name: os.path.join(data_root, name) for name in ("tiny", "photos", "real")}
+    files = {"tiny": describe_files(write_tiny_jpegs(folders["tiny"], args.ceiling_images)),
+             "photos": describe_files(write_photo_folder(folders["photos"], args.photos)),
+             "real": describe_files(write_real_photo_folder(folders["real"], args.photos))}
+    folders["cifar"] = write_cifar_records(os.path.join(data_root, "cifar"), CIFAR_RECORDS)
+    return folders, files
+
+
+def write_cifar_records(folder: str, records: int) -> str:
+    """A CIFAR-10 binary training file (data_batch_1.bin) of `records` random images, and a
+    one-record test_batch.bin; the folder."""
+    from src.dataset import CIFAR_RECORD_BYTES
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name, count in (("data_batch_1.bin", records), ("test_batch.bin", 1)):
+        data = rng.integers(0, 256, (count, CIFAR_RECORD_BYTES), dtype=np.uint8)
+        data[:, 0] %= 10
+        data.tofile(os.path.join(folder, name))
+    return folder
+
+
 def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
-    """Our ImageNet pipeline against the native one on the same photograph-like JPEGs, per core."""
-    from src.data.photo_data import describe_files, write_photo_folder
-    folder = os.path.join(data_root, "photos")
-    files = describe_files(write_photo_folder(folder, args.photos))
+    """Our input pipeline against MindSpore's native one on the same files, per core and with 1
+    and 2 workers, each setting in a process of its own."""
+    folders, files = write_pipeline_data(args, data_root)
     rows = []
     for cores, workers in pipeline_settings():
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "pipelines", "--photo_dir", folder,
-                   "--photos", str(args.photos), "--photo_batch", str(args.photo_batch), "--cores", str(cores),
-                   "--workers", str(workers), "--repeats", str(args.repeats)]
-        row = _reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))), "pipelines")
-        row["train_ours_over_native"] = round(row["ours_train"] / row["native_train"], 3)
-        row["train_plain_over_native"] = round(row["plain_train"] / row["native_train"], 3)
-        row["eval_ours_over_native"] = round(row["ours_eval"] / row["native_eval"], 3)
-        row["recipe_cost_over_plain"] = round(row["ours_train"] / row["recipe_train"], 3)  # time per sample
-        rows.append(row)
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "pipelines", "--photo_dir", json.dumps(folders),
+                   "--photos", str(args.photos), "--ceiling_images", str(args.ceiling_images),
+                   "--photo_batch", str(args.photo_batch), "--cores", str(cores), "--workers", str(workers),
+                   "--repeats", str(args.repeats)]
+        rows.append(_reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
+                                             cwd=os.path.dirname(os.path.abspath(__file__))), "pipelines"))
     from src.data.image_decode import decoder_name
-    return {"files": files, "decoder": decoder_name(), "batch_size": args.photo_batch, "image_size": PHOTO_SIZE,
-            "rows": rows}
+    section = {"files": files, "decoder": decoder_name(), "batch_size": args.photo_batch, "image_size": PHOTO_SIZE,
+               "rows": rows}
+    section["ratios"] = pipeline_ratios(rows)
+    section["cores_per_card"] = cores_per_card(rows)
+    return section
+
+
+def _rate(row: Dict, case: str, name: str) -> float:
+    return row[case][name]["img_per_s"]
+
+
+def pipeline_ratios(rows: List[Dict]) -> List[Dict[str, float]]:
+    """Per row: ours over native (ceiling plain and v2, photographs generated and real, train and
+    eval, CIFAR)."""
+    pairs = {"ceiling_ours": ("ceiling", "ours", "native"), "ceiling_v2": ("ceiling", "v2", "native"),
+             "photos_train": ("photos", "ours_train", "native_train"), "photos_eval": ("photos", "ours_eval", "native_eval"),
+             "real_train": ("real", "ours_train", "native_train"), "real_eval": ("real", "ours_eval", "native_eval"),
+             "cifar": ("cifar", "ours", "native")}
+    return [{key: round(_rate(row, case, ours) / _rate(row, case, native), 3)
+             for key, (case, ours, native) in pairs.items()} for row in rows]
+
+
+def cores_per_card(rows: List[Dict]) -> Dict[str, float]:
+    """Host cores one card's ResNet50 (CARD_IMG_PER_S) needs from our training pipeline: the
+    pinned one-core row's rate on photographs (worker and training process sharing the core),
+    and the per-process ceiling as a multiple of the card's rate."""
+    pinned = rows[0]
+    widest = rows[-1]
+    return {"card_img_per_s": CARD_IMG_PER_S,
+            "generated_photos": round(CARD_IMG_PER_S / _rate(pinned, "photos", "ours_train"), 1),
+            "real_photos": round(CARD_IMG_PER_S / _rate(pinned, "real", "ours_train"), 1),
+            "v2_generated_photos": round(CARD_IMG_PER_S / _rate(pinned, "photos", "v2_train"), 1),
+            "ceiling_over_card": round(_rate(widest, "ceiling", "ours") / CARD_IMG_PER_S, 2),
+            "main_cpu_ceiling_img_per_s": round(1e6 / max(widest["ceiling"]["ours"]["main_cpu_us"], 1e-3))}
 
 
 def _reply_of(result: subprocess.CompletedProcess, what: str) -> Dict:
@@ -342,22 +455,52 @@ def _reply_of(result: subprocess.CompletedProcess, what: str) -> Dict:
     raise RuntimeError(f"the {what} benchmark process ended without a result (exit {result.returncode})")
 
 
+def _setting(row: Dict) -> str:
+    return f"{row['cores']} / {row['workers']}" + (" (pinned)" if row["cores"] == 1 else "")
+
+
+def _cells(row: Dict, case: str, names: Sequence[str], width: int = 10) -> str:
+    return "".join(f"{(_rate(row, case, name) if name in row[case] else '-'):>{width}}" for name in names)
+
+
 def format_pipeline_table(section: Dict) -> str:
-    files = section["files"]
-    lines = [f"ImageNet input pipelines, {files['files']} generated photographs (mean {files['mean_file_kb']} KB, "
-             f"PIL full decode {files['pil_decode_ms']} ms/image), batch {section['batch_size']}, "
-             f"{section['image_size']}px, float32 out; our JPEG decoder: {section['decoder']}",
-             f"  {'cores / workers':<18}{'ours train':>12}{'native train':>14}{'ratio':>8}{'no-aa train':>13}"
-             f"{'ratio':>8}{'ours eval':>12}{'native eval':>14}{'ratio':>8}{'recipe train':>14}{'cost':>7}"]
-    for row in section["rows"]:
-        setting = f"{row['cores']} / {row['workers']}" + (" (pinned)" if row["cores"] == 1 else "")
-        lines.append(f"  {setting:<18}{row['ours_train']:>12}{row['native_train']:>14}"
-                     f"{row['train_ours_over_native']:>8}{row['plain_train']:>13}{row['train_plain_over_native']:>8}"
-                     f"{row['ours_eval']:>12}{row['native_eval']:>14}"
-                     f"{row['eval_ours_over_native']:>8}{row['recipe_train']:>14}{row['recipe_cost_over_plain']:>7}")
-    lines.append("  img/s; ratio: ours / native (MindSpore's C++ pipeline as the model zoo builds it); no-aa: ours with "
-                 "antialias False (resizing as the native pipeline does); recipe train: ours with TrivialAugmentWide + "
-                 "random erasing 0.1, cost: its time per sample / ours train's")
+    files, rows, ratios = section["files"], section["rows"], section["ratios"]
+    head = f"batch {section['batch_size']}, {section['image_size']} px, uint8 out (ours) / float32 out (native)"
+    lines = [f"Input pipeline ceiling: {files['tiny']['files']} 16x16 JPEGs (decoding ~free), training transforms, {head}",
+             f"  {'cores / workers':<18}{'ours':>10}{'threads':>10}{'v2':>10}{'native':>10}{'ours/nat':>10}"
+             f"{'v2/nat':>10}{'main us/img ours':>18}{'native':>8}"]
+    for row, ratio in zip(rows, ratios):
+        lines.append(f"  {_setting(row):<18}{_cells(row, 'ceiling', ('ours', 'ours_threads', 'v2', 'native'))}"
+                     f"{ratio['ceiling_ours']:>10}{ratio['ceiling_v2']:>10}"
+                     f"{row['ceiling']['ours']['main_cpu_us']:>18}{row['ceiling']['native']['main_cpu_us']:>8}")
+    lines.append("  img/s; ours: create_dataset, plain recipe (worker processes; threads: data_worker_kind thread); v2: "
+                 "resnet50_imagenet2012_v2.yaml's recipe (TrivialAugmentWide, erasing, mixup/cutmix, ra_reps 4); "
+                 "native: MindSpore's C++ pipeline as the model zoo builds it; main us/img: the training process's own "
+                 "CPU per sample (getrusage)")
+    lines.append(f"Photographs: generated {files['photos']['files']} (mean {files['photos']['mean_file_kb']} KB, PIL "
+                 f"decode {files['photos']['pil_decode_ms']} ms) and real {files['real']['files']} (matplotlib's "
+                 f"grace_hopper.jpg re-cropped; {files['real']['mean_file_kb']} KB, {files['real']['pil_decode_ms']} ms), "
+                 f"{head}; our JPEG decoder: {section['decoder']}")
+    lines.append(f"  {'cores / workers':<18}{'gen ours':>10}{'native':>10}{'ratio':>8}{'no-aa':>9}{'v2':>8}"
+                 f"{'eval':>8}{'native':>8}{'ratio':>8}{'real ours':>11}{'native':>8}{'ratio':>8}{'eval':>8}"
+                 f"{'native':>8}{'ratio':>8}")
+    for row, ratio in zip(rows, ratios):
+        lines.append(f"  {_setting(row):<18}{_cells(row, 'photos', ('ours_train', 'native_train'))}"
+                     f"{ratio['photos_train']:>8}{_cells(row, 'photos', ('no_aa_train', 'v2_train', 'ours_eval', 'native_eval'), 8)[1:]}"
+                     f"{ratio['photos_eval']:>8}{_cells(row, 'real', ('ours_train',), 11)}"
+                     f"{_cells(row, 'real', ('native_train',), 8)}{ratio['real_train']:>8}"
+                     f"{_cells(row, 'real', ('ours_eval', 'native_eval'), 8)}{ratio['real_eval']:>8}")
+    lines.append(f"CIFAR-10 at {CIFAR_SIZE} px, training transforms, batch {section['batch_size']}")
+    lines.append(f"  {'cores / workers':<18}{'ours':>10}{'v2':>10}{'native':>10}{'ratio':>8}{'main us/img':>13}")
+    for row, ratio in zip(rows, ratios):
+        lines.append(f"  {_setting(row):<18}{_cells(row, 'cifar', ('ours', 'v2', 'native'))}{ratio['cifar']:>8}"
+                     f"{row['cifar']['ours']['main_cpu_us']:>13}")
+    card = section["cores_per_card"]
+    lines.append(f"Cores per Ascend card (ResNet50 at {card['card_img_per_s']} img/s) from the pinned row: "
+                 f"{card['generated_photos']} (generated photographs), {card['real_photos']} (real), "
+                 f"{card['v2_generated_photos']} (v2 recipe, generated); per-process ceiling = "
+                 f"{card['ceiling_over_card']}x a card's rate (the training process's own CPU allows "
+                 f"~{card['main_cpu_ceiling_img_per_s']} img/s)")
     return "\n".join(lines) + "\n"
 
 
@@ -625,6 +768,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--photos", type=positive_int, default=256,
                         help="generated photographs for the ImageNet pipeline comparison")
     parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
+    parser.add_argument("--ceiling_images", type=positive_int, default=2048,
+                        help="16x16 JPEGs for the per-process ceiling of the pipelines")
     parser.add_argument("--worker", choices=("mindspore", "torch", "onnxruntime", "onnxruntime_int8", "pipelines"), help=argparse.SUPPRESS)
     parser.add_argument("--photo_dir", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
@@ -639,9 +784,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         args.workers, note = cap_workers(args.workers)
         if note:
             print(note.replace("num_parallel_workers", "--workers"), flush=True)
-        if args.photo_batch > args.photos:
-            parser.error(f"argument --photo_batch: {args.photo_batch} is more than --photos {args.photos}; "
-                         f"lower it or generate more photographs")
+        if args.photo_batch > min(args.photos, args.ceiling_images):
+            parser.error(f"argument --photo_batch: {args.photo_batch} is more than --photos {args.photos} or "
+                         f"--ceiling_images {args.ceiling_images}; lower it or generate more images")
     return args
 
 
@@ -664,7 +809,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(format_pipeline_table(pipelines))
     if args.json:
         from src.files import write_atomic
-        write_atomic(args.json, json.dumps({"reports": reports, "imagenet_pipelines": pipelines}, indent=2) + "\n")
+        write_atomic(args.json, json.dumps({"reports": reports, "input_pipelines": pipelines}, indent=2) + "\n")
         print(f"report written to {args.json}")
     return 0
 
