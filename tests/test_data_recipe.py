@@ -100,6 +100,59 @@ def test_autocontrast_stretches_each_channel_and_enhance_ops_scale():
     np.testing.assert_array_equal(apply_op(flat, "Contrast", 0.9), flat)  # contrast of flat is flat
 
 
+
+def torchvision_blend(image, degenerate, factor):
+    return np.clip(factor * image.astype(np.float64) + (1 - factor) * degenerate, 0, 255)
+
+
+def test_enhance_ops_follow_torchvision_blend_formulas():
+    image = noise_image(12, 10)
+    gray = np.rint(image.astype(np.float64) @ [0.299, 0.587, 0.114])  # ITU-R 601-2 luma, rounded
+    padded = np.pad(image.astype(np.float64), ((1, 1), (1, 1), (0, 0)))
+    # PIL's SMOOTH kernel: the 3x3 sum with the center counted 5 times
+    smooth = sum(padded[1 + dy:13 + dy, 1 + dx:11 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+    smooth += 4 * padded[1:-1, 1:-1]
+    blurred = image.astype(np.float64)
+    blurred[1:-1, 1:-1] = np.rint(smooth[1:-1, 1:-1] / 13)  # torchvision smooths the interior only
+    for magnitude in (0.6, -0.7):
+        factor = 1 + magnitude
+        wants = {"Brightness": torchvision_blend(image, 0, factor),
+                 "Color": torchvision_blend(image, gray[..., None], factor),
+                 "Contrast": torchvision_blend(image, np.rint(gray.mean()), factor),
+                 "Sharpness": torchvision_blend(image, blurred, factor)}
+        for name, want in wants.items():
+            assert np.abs(apply_op(image, name, magnitude) - want).max() <= 1, name
+    sharpened = apply_op(image, "Sharpness", 0.9)
+    for edge in (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1]):
+        np.testing.assert_array_equal(sharpened[edge], image[edge])
+    flat = np.full((8, 8, 3), 77, np.uint8)
+    np.testing.assert_array_equal(apply_op(flat, "Sharpness", -0.9), flat)
+
+
+def test_equalize_and_autocontrast_match_pil():
+    from PIL import ImageOps
+    for image in (noise_image(), (noise_image(30, 17, seed=2) // 5 + 60).astype(np.uint8)):
+        np.testing.assert_array_equal(apply_op(image, "Equalize", 0), ImageOps.equalize(Image.fromarray(image)))
+        want = np.asarray(ImageOps.autocontrast(Image.fromarray(image))).astype(int)
+        assert np.abs(apply_op(image, "AutoContrast", 0) - want).max() <= 1  # PIL's float table: off by 1 rarely
+
+
+def test_every_op_returns_a_fresh_uint8_image_of_the_same_shape():
+    from mindspore.dataset.vision import Inter
+    image = noise_image(17, 23)
+    original = image.copy()
+    for name in BASIC_OPS[1:] + ("Invert",):
+        for interpolation in (Inter.NEAREST, Inter.BILINEAR, Inter.BICUBIC):
+            out = apply_op(image, name, 5 if name == "Posterize" else 0.5, interpolation)
+            assert out.dtype == np.uint8 and out.shape == image.shape and out.flags.c_contiguous, name
+            assert out is not image, name
+    np.testing.assert_array_equal(image, original)  # the input is never written to
+    assert not apply_op(image, "TranslateX", -23.0).any()  # shifted out entirely
+    np.testing.assert_array_equal(apply_op(RAMP, "Solarize", 100.5), np.where(RAMP >= 101, 255 - RAMP, RAMP))
+    rotated = apply_op(image, "Rotate", 30.0, create_nearest())  # nearest picks input pixels (or the fill)
+    assert {tuple(p) for p in rotated.reshape(-1, 3)} <= {tuple(p) for p in image.reshape(-1, 3)} | {(0, 0, 0)}
+    assert not np.array_equal(apply_op(image, "Rotate", 30.0, Inter.BILINEAR), rotated)
+
 def test_magnitude_bins_follow_the_definitions():
     standard, wide = magnitude_bins("standard", 31, 331, 331), magnitude_bins("wide", 31, 224, 224)
     assert standard["Rotate"][-1] == 30 and wide["Rotate"][-1] == 135
