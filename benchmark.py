@@ -11,10 +11,14 @@ latency p50/p95/p99 at batch 1 and at the batch size; and each pipeline's img/s 
 process of their own, alternating with MindSpore, and the ratios are printed. With onnxruntime
 installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too,
 and with onnx installed as well, those files quantized to int8 (export.py --quantize's code).
-Then the ImageNet input pipelines: --photos photograph-like JPEGs (ImageNet sizes, quality 90) are
-generated, their mean size and PIL decode time reported, and this repository's pipeline and
-MindSpore's native one (as the model zoo builds it) measured on them, train and eval, one worker
-pinned to one core, then 1 and 2 workers on 2 cores. Everything is fp32 on the CPU.
+Then the input pipelines, this repository's (create_dataset: uint8 batches) against MindSpore's
+native one as the model zoo builds it (float32 batches), one worker pinned to one core, then 1 and
+2 workers on 2 cores, each setting in a process of its own, pipelines alternating repeat by repeat:
+the per-process ceiling on --ceiling_images 16x16 JPEGs (plain and v2 recipe, worker processes and
+threads), --photos generated photograph-like JPEGs and as many real ones (matplotlib's sample
+photograph re-cropped at ImageNet sizes), train and eval, and CIFAR-10 at 32 px; with each, the
+training process's own CPU time per sample, and from them the host cores one Ascend card needs.
+Everything is fp32 on the CPU.
 Each configuration also lists the model's parameters, GFLOPs per image at its size (torchvision's
 convention: multiply-accumulates) and the GFLOP/s its training and evaluation achieved.
 """

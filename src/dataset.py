@@ -28,8 +28,8 @@ from src.data.auto_augment import create_policy, interpolation_mode
 from src.data.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
 from src.data.batch_mixing import check_mixing, draw_mix
 from src.data.image_decode import crop_resize, open_image
-from src.data.input_stage import (CIFAR_MEAN, CIFAR_STD, IMAGENET_MEAN, IMAGENET_STD, NO_MIX,  # noqa: F401 (re-exported)
-                                  TrainInputStage, host_normalize, normalization_of)
+from src.data.input_stage import (  # noqa: F401 (the statistics are re-exported for this face's callers)
+    CIFAR_MEAN, CIFAR_STD, IMAGENET_MEAN, IMAGENET_STD, NO_MIX, TrainInputStage, host_normalize, normalization_of)
 from src.data.random_erasing import erase_box
 from src.deploy.inference import read_class_names
 from src.device import worker_budget
@@ -264,7 +264,8 @@ class AugmentedSource:
     """Random-access source over sample keys (index = key % N); augmentation seeded by (seed, key).
 
     Draws come in a fixed order from the sample's generator: crop and flip, then the policy, then
-    the erasing box. A row is (uint8 HWC image, label), plus the erase box with `batch_stage`.
+    the erasing box. `fill` writes a sample's uint8 HWC image into a batch slot and returns its
+    label and, with `batch_stage`, its erase box.
     With a `bad_samples` log, an unreadable sample (failing at open or at decode) is recorded and
     replaced by the next readable index, augmented as the key says: the replacement depends on the
     key alone, so resume stays exact. Without one, it is an error naming the file."""
@@ -361,6 +362,7 @@ class BatchSource:
         self.batch_size, self.batches_per_epoch = batch_size, batches_per_epoch
         self.augmentation, self.batch_stage, self.seed = augmentation, batch_stage, seed
         self._epoch, self._keys = None, None
+        self._process = None
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -373,6 +375,11 @@ class BatchSource:
         return self._keys[position * self.batch_size:(position + 1) * self.batch_size]
 
     def __getitem__(self, number: int):
+        if self._process != os.getpid():
+            # Each worker is one thread of work: OpenCV's own threads would only oversubscribe
+            # the cores the other workers and the training process use.
+            cv2.setNumThreads(1)
+            self._process = os.getpid()
         keys = self.batch_keys(int(number))
         size = self.samples.image_size
         images = np.empty((len(keys), size, size, 3), np.uint8)
@@ -384,7 +391,7 @@ class BatchSource:
                 boxes[slot] = box
         if not self.batch_stage:
             return images, labels
-        mix = NO_MIX
+        mix = NO_MIX.copy()
         if self.augmentation.mixes:
             rng = np.random.default_rng([self.seed, MIXING_STREAM, int(keys[0])])
             mix = draw_mix(rng, size, size, mixup_alpha=self.augmentation.mixup_alpha,
