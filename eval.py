@@ -6,7 +6,8 @@
 --use_ema True evaluates the checkpoint's EMA weights (ema.*, written with --model_ema True).
 --model_file FILE evaluates an exported file instead (.onnx float or int8 from export.py, through
 onnxruntime; .mindir through MindSpore): the same dataset, transforms and counts, every sample once,
-so the accuracy of what is deployed is measured; its input size must equal eval_image_size.
+so the accuracy of what is deployed is measured; its input size must equal eval_image_size. A file
+exported with --export_input_stage True gets the uint8 pixels, any other them normalized on the host.
 The JSON object on stdout holds top_1_accuracy, top_5_accuracy, loss, samples, checkpoint (null for
 --model_file), net_name, dataset, rank, and model_file for an exported file; it is the last line
 unless --report_dir is given.
