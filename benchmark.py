@@ -9,8 +9,10 @@ from generated CIFAR-10 binary files and JPEG class folders (end to end); evalua
 latency p50/p95/p99 at batch 1 and at the batch size; and each pipeline's img/s alone. With
 --vs-torch the same network, batch, size and thread count run in PyTorch eager fp32, in a
 process of their own, alternating with MindSpore, and the ratios are printed. With onnxruntime
-installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too,
-and with onnx installed as well, those files quantized to int8 (export.py --quantize's code).
+installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too:
+the float file alone, the float file after host normalization of a uint8 batch (what its deployment
+runs), and the file exported with the input stage (export.py --export_input_stage True, uint8
+pixels in); with onnx installed as well, the float files quantized to int8 (export.py --quantize's code).
 Then the input pipelines, this repository's (create_dataset: uint8 batches) against MindSpore's
 native one as the model zoo builds it (float32 batches), one worker pinned to one core, then 1 and
 2 workers on 2 cores, each setting in a process of its own, pipelines alternating repeat by repeat:
@@ -40,6 +42,7 @@ from src.errors import OneLineParser, UserInputError, run_cli
 
 PRESETS = {"targets": [("resnet50", 8, 224), ("resnet18", 64, 32)]}
 CLASSES = 10
+ONNX_WORKERS = ("onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels", "onnxruntime_int8")
 
 
 def percentiles_ms(seconds: Sequence[float]) -> Dict[str, float]:
@@ -116,12 +119,17 @@ class MindSporeRunner:
         from src.training.model_summary import model_summary
         return model_summary(self.net, image_size=int(self.one.shape[-1]))
 
-    def export_onnx(self, folder: str, batch: int, size: int) -> List[str]:
-        """The network in inference mode as ONNX files for batch 1 and `batch` (ONNX batches are fixed)."""
+    def export_onnx(self, folder: str, batch: int, size: int, pixels: bool = False) -> List[str]:
+        """The network in inference mode as ONNX files for batch 1 and `batch` (ONNX batches are
+        fixed); `pixels`: with the input stage in front (uint8 NHWC in)."""
         from export import export_network
+        from src.data.input_stage import WithInputStage, normalization_of
         self._set_training(False)
-        return [export_network(self.net, file_name=f"{self.name}_b{n}", file_format="ONNX", batch_size=n,
-                               height=size, width=size, staging=folder) for n in (1, batch)]
+        net = WithInputStage(self.net, normalization_of("imagenet2012")) if pixels else self.net
+        net.set_train(False)
+        return [export_network(net, file_name=f"{self.name}{'_pixels' if pixels else ''}_b{n}", file_format="ONNX",
+                               batch_size=n, height=size, width=size, staging=folder, pixels=pixels)
+                for n in (1, batch)]
 
 
 class TorchRunner:
@@ -160,26 +168,46 @@ class TorchRunner:
 
 
 class OnnxRunner:
-    """The MindSpore network exported to ONNX (batch 1 and batch N files, float or int8), run by
-    onnxruntime with the session predict.py uses; inference only."""
+    """The MindSpore network exported to ONNX (batch 1 and batch N files: float, int8, or uint8
+    pixels in), run by onnxruntime with the session predict.py uses; inference only. With
+    `host_normalize` a float file's every call first normalizes a uint8 NHWC batch on the host."""
 
     trains = False
 
-    def __init__(self, files: Sequence[str], threads: int):
+    def __init__(self, files: Sequence[str], threads: int, host_normalize: bool = False):
         from src.deploy.inference import onnx_session
         start = time.perf_counter()
         self.sessions = [onnx_session(path, threads) for path in files]  # batch 1, then batch N
         self.build_s = time.perf_counter() - start
+        self.host_normalize = host_normalize
         rng = np.random.default_rng(0)
-        self.inputs = [{session.get_inputs()[0].name: rng.random(session.get_inputs()[0].shape, dtype=np.float32)}
-                       for session in self.sessions]
+        self.inputs = []
+        for session in self.sessions:
+            model_input = session.get_inputs()[0]
+            if model_input.type == "tensor(uint8)" or host_normalize:  # pixels, NHWC
+                n, *rest = model_input.shape
+                shape = (n, *rest) if model_input.type == "tensor(uint8)" else (n, rest[1], rest[2], 3)
+                self.inputs.append({model_input.name: rng.integers(0, 256, shape, dtype=np.uint8)})
+            else:
+                self.inputs.append({model_input.name: rng.random(model_input.shape, dtype=np.float32)})
 
     def compile_seconds(self) -> float:
         return round(self.build_s, 2)  # session creation: graph optimization and kernel selection
 
     def eval_step(self, single: bool) -> None:
         index = 0 if single else 1
-        self.sessions[index].run(None, self.inputs[index])
+        feed = self.inputs[index]
+        if self.host_normalize:
+            feed = {name: host_normalize_pixels(pixels) for name, pixels in feed.items()}
+        self.sessions[index].run(None, feed)
+
+
+def host_normalize_pixels(pixels: np.ndarray) -> np.ndarray:
+    """src/data/input_stage.host_normalize's arithmetic (uint8 NHWC -> float32 NCHW, ImageNet's
+    statistics), written out so the onnxruntime process never loads MindSpore (that module imports it)."""
+    shift = np.array([0.485, 0.456, 0.406], np.float32) * 255
+    scale = 1 / (255 * np.array([0.229, 0.224, 0.225], np.float32))
+    return np.ascontiguousarray(((pixels.astype(np.float32) - shift) * scale).transpose(0, 3, 1, 2))
 
 
 def measure_runner(runner, batch: int, *, steps: int, repeats: int, calls: int) -> Dict:
@@ -519,8 +547,8 @@ def serve(args: argparse.Namespace) -> int:
         from src.device import init_device
         init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads)
         runner = MindSporeRunner(args.net, args.batch_size, args.image_size)
-    elif args.worker in ("onnxruntime", "onnxruntime_int8"):
-        runner = OnnxRunner(args.onnx_files.split(","), args.threads)
+    elif args.worker in ONNX_WORKERS:
+        runner = OnnxRunner(args.onnx_files.split(","), args.threads, host_normalize=args.worker == "onnxruntime_hostnorm")
     else:
         runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads)
 
@@ -534,7 +562,8 @@ def serve(args: argparse.Namespace) -> int:
         if command == "measure":
             reply(measure_runner(runner, args.batch_size, steps=args.steps, repeats=1, calls=args.calls))
         elif command == "export":
-            reply({"onnx_files": runner.export_onnx(argument, args.batch_size, args.image_size)})
+            reply({"onnx_files": runner.export_onnx(argument, args.batch_size, args.image_size),
+                   "pixel_files": runner.export_onnx(argument, args.batch_size, args.image_size, pixels=True)})
         elif command == "data":
             paths = json.loads(argument)
             batches = max(4, args.steps)
@@ -594,8 +623,11 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
         if importlib.util.find_spec("onnxruntime") is not None:
             folder = os.path.join(data_root, f"onnx_{net_name}_{batch}_{size}")
             os.makedirs(folder)
-            files = workers[0].ask("export " + folder)["onnx_files"]
-            workers.append(Worker("onnxruntime", net_name, batch, size, args, ["--onnx_files", ",".join(files)]))
+            exported = workers[0].ask("export " + folder)
+            files = exported["onnx_files"]
+            for kind, paths in (("onnxruntime", files), ("onnxruntime_hostnorm", files),
+                                ("onnxruntime_pixels", exported["pixel_files"])):
+                workers.append(Worker(kind, net_name, batch, size, args, ["--onnx_files", ",".join(paths)]))
             if importlib.util.find_spec("onnx") is not None:
                 workers.append(Worker("onnxruntime_int8", net_name, batch, size, args,
                                       ["--onnx_files", ",".join(int8_files(files, size))]))
@@ -676,9 +708,11 @@ def _ratios(report: Dict) -> Dict[str, float]:
             if label.startswith("eval_batch_"):
                 ratios[f"{label}_mindspore_over_torch"] = round(
                     ms_result[label]["img_per_s"] / torch_result[label]["img_per_s"], 3)
-    for path in ("onnxruntime", "onnxruntime_int8"):
+    for path in ("onnxruntime", "onnxruntime_int8", "onnxruntime_pixels"):
         for label in [k for k in report.get(path, {}) if k.startswith("eval_batch_")]:
-            for other in ("mindspore", "torch", "onnxruntime"):
+            others = ("onnxruntime", "onnxruntime_hostnorm") if path == "onnxruntime_pixels" else \
+                ("mindspore", "torch", "onnxruntime")
+            for other in others:
                 if other in report and other != path:
                     ratios[f"{label}_{path}_over_{other}"] = round(
                         report[path][label]["img_per_s"] / report[other][label]["img_per_s"], 3)
@@ -723,10 +757,14 @@ def format_table(reports: List[Dict]) -> str:
 def _deployment_rows(r: Dict) -> List[str]:
     """CPU inference paths side by side: MindSpore, PyTorch eager, the ONNX export under onnxruntime
     (float, and int8 where onnx is installed), with the speed-ups of the ONNX files."""
-    paths = [name for name in ("mindspore", "torch", "onnxruntime", "onnxruntime_int8") if name in r]
-    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "ort int8"}
-    short = {"onnxruntime": "ort", "onnxruntime_int8": "int8"}
+    paths = [name for name in ("mindspore", "torch", "onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels",
+                               "onnxruntime_int8") if name in r]
+    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "ort int8",
+              "onnxruntime_hostnorm": "ort+norm", "onnxruntime_pixels": "ort pixels"}
+    short = {"onnxruntime": "ort", "onnxruntime_int8": "int8", "onnxruntime_hostnorm": "norm",
+             "onnxruntime_pixels": "pixels"}
     speedups = [(p, other) for p, others in (("onnxruntime", ("mindspore", "torch")),
+                                             ("onnxruntime_pixels", ("onnxruntime_hostnorm",)),
                                              ("onnxruntime_int8", ("onnxruntime", "torch")))
                 for other in others if p in r and other in r]
     lines = [f"  {'CPU inference (eval mode)':<38}" + "".join(f"{titles[p]:>14}" for p in paths)
@@ -738,7 +776,9 @@ def _deployment_rows(r: Dict) -> List[str]:
                      + "".join(f"{v:>16}" for v in ratios))
         lines.append(f"  {label.replace('_', ' ') + ' p50 ms':<38}"
                      + "".join(f"{r[p][label]['latency_ms']['p50']:>14.1f}" for p in paths))
-    lines.append(f"  onnxruntime: the ONNX export (export.py) in the session predict.py uses, {r['threads']} threads")
+    lines.append(f"  onnxruntime: the ONNX export (export.py) in the session predict.py uses, {r['threads']} threads; "
+                 f"ort+norm: the same file after host normalization of a uint8 NHWC batch; ort pixels: the file "
+                 f"exported with the input stage (--export_input_stage True) on that uint8 batch")
     if "onnxruntime_int8" in r:
         lines.append("  ort int8: the same files quantized as export.py --quantize int8 does (QDQ, per-channel weights)")
     return lines
@@ -774,7 +814,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
     parser.add_argument("--ceiling_images", type=positive_int, default=2048,
                         help="16x16 JPEGs for the per-process ceiling of the pipelines")
-    parser.add_argument("--worker", choices=("mindspore", "torch", "onnxruntime", "onnxruntime_int8", "pipelines"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("mindspore", "torch", "pipelines") + ONNX_WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--photo_dir", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--onnx_files", help=argparse.SUPPRESS)

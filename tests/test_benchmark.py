@@ -15,7 +15,8 @@ def test_benchmark_writes_every_field(tmp_path):
     written = json.loads(report_path.read_text())
     (report,) = written["reports"]
     assert {report["net"], report["batch_size"], report["image_size"]} == {"resnet18", 2, 32}
-    for framework in ("mindspore", "torch", "onnxruntime", "onnxruntime_int8"):
+    for framework in ("mindspore", "torch", "onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels",
+                      "onnxruntime_int8"):
         measured = report[framework]
         assert measured["compile_s"] >= 0
         assert framework.startswith("onnxruntime") == ("train_compute_img_per_s" not in measured)
@@ -32,7 +33,9 @@ def test_benchmark_writes_every_field(tmp_path):
                                      "eval_batch_2_mindspore_over_torch", "eval_batch_1_onnxruntime_over_mindspore",
                                      "eval_batch_1_onnxruntime_over_torch", "eval_batch_2_onnxruntime_over_mindspore",
                                      "eval_batch_2_onnxruntime_over_torch"} | {
-        f"eval_batch_{n}_onnxruntime_int8_over_{other}" for n in (1, 2) for other in ("mindspore", "torch", "onnxruntime")}
+        f"eval_batch_{n}_onnxruntime_int8_over_{other}" for n in (1, 2) for other in ("mindspore", "torch", "onnxruntime")
+    } | {f"eval_batch_{n}_onnxruntime_pixels_over_{other}" for n in (1, 2)
+         for other in ("onnxruntime", "onnxruntime_hostnorm")}
     assert report["ratios"]["eval_batch_2_onnxruntime_int8_over_onnxruntime"] == round(
         report["onnxruntime_int8"]["eval_batch_2"]["img_per_s"] / report["onnxruntime"]["eval_batch_2"]["img_per_s"], 3)
     model, measured = report["model"], report["mindspore"]  # the model summary beside the speeds
