@@ -38,8 +38,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from src.data.host_stage import host_normalize, normalization_of
 from src.errors import OneLineParser, UserInputError, run_cli
 
+IMAGENET = normalization_of("imagenet2012")  # the benchmark's networks take ImageNet-normalized input
 PRESETS = {"targets": [("resnet50", 8, 224), ("resnet18", 64, 32)]}
 CLASSES = 10
 ONNX_WORKERS = ("onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels", "onnxruntime_int8")
@@ -123,7 +125,7 @@ class MindSporeRunner:
         """The network in inference mode as ONNX files for batch 1 and `batch` (ONNX batches are
         fixed); `pixels`: with the input stage in front (uint8 NHWC in)."""
         from export import export_network
-        from src.data.input_stage import WithInputStage, normalization_of
+        from src.data.input_stage import WithInputStage
         self._set_training(False)
         net = WithInputStage(self.net, normalization_of("imagenet2012")) if pixels else self.net
         net.set_train(False)
@@ -198,16 +200,8 @@ class OnnxRunner:
         index = 0 if single else 1
         feed = self.inputs[index]
         if self.host_normalize:
-            feed = {name: host_normalize_pixels(pixels) for name, pixels in feed.items()}
+            feed = {name: host_normalize(pixels, IMAGENET) for name, pixels in feed.items()}
         self.sessions[index].run(None, feed)
-
-
-def host_normalize_pixels(pixels: np.ndarray) -> np.ndarray:
-    """src/data/input_stage.host_normalize's arithmetic (uint8 NHWC -> float32 NCHW, ImageNet's
-    statistics), written out so the onnxruntime process never loads MindSpore (that module imports it)."""
-    shift = np.array([0.485, 0.456, 0.406], np.float32) * 255
-    scale = 1 / (255 * np.array([0.229, 0.224, 0.225], np.float32))
-    return np.ascontiguousarray(((pixels.astype(np.float32) - shift) * scale).transpose(0, 3, 1, 2))
 
 
 def measure_runner(runner, batch: int, *, steps: int, repeats: int, calls: int) -> Dict:

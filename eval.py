@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from src.config import Config, load_config
-from src.data.input_stage import normalization_of
+from src.data.host_stage import normalization_of
 from src.dataset import create_eval_dataset
 from src.deploy.inference import ExportedModel
 from src.device import cap_workers, init_device

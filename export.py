@@ -49,8 +49,9 @@ import numpy as np
 import mindspore as ms
 
 from src.config import Config, load_config
-from src.data.input_stage import Normalization, WithInputStage, normalization_of
-from src.dataset import create_dataset, host_normalize
+from src.data.host_stage import Normalization, host_normalize, normalization_of
+from src.data.input_stage import WithInputStage
+from src.dataset import create_dataset
 from src.deploy.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input, seeded_pixels
 from src.deploy.quantize import CALIBRATION_METHODS, compare_exports, quantize_onnx, quantized_convolutions, \
     require_quantization

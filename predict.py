@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from src.data.input_stage import normalization_of
+from src.data.host_stage import normalization_of
 from src.dataset import DATASETS, IMAGE_EXTENSIONS, eval_image, preprocess_eval_image
 from src.deploy.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
                                   softmax, top_k)

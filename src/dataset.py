@@ -28,8 +28,9 @@ from src.data.auto_augment import create_policy, interpolation_mode
 from src.data.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
 from src.data.batch_mixing import check_mixing, draw_mix
 from src.data.image_decode import crop_resize, open_image
-from src.data.input_stage import (  # noqa: F401 (the statistics are re-exported for this face's callers)
-    CIFAR_MEAN, CIFAR_STD, IMAGENET_MEAN, IMAGENET_STD, NO_MIX, TrainInputStage, host_normalize, normalization_of)
+from src.data.host_stage import (  # noqa: F401 (the statistics are re-exported for this face's callers)
+    CIFAR_MEAN, CIFAR_STD, IMAGENET_MEAN, IMAGENET_STD, NO_MIX, host_normalize, normalization_of)
+from src.data.input_stage import TrainInputStage
 from src.data.random_erasing import erase_box
 from src.deploy.inference import read_class_names
 from src.device import worker_budget

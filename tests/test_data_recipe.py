@@ -15,7 +15,7 @@ from conftest import PYTHON, REPO, run
 from src.data.auto_augment import (AUGMIX_OPS, BASIC_OPS, POLICIES, TrivialAugmentWide, apply_op, create_policy,
                                    magnitude_bins, ops_in)
 from src.data.batch_mixing import draw_mix, mix_batch, one_hot
-from src.data.input_stage import IMAGENET_MEAN, IMAGENET_STD, host_mix, host_normalize, normalization_of
+from src.data.host_stage import IMAGENET_MEAN, IMAGENET_STD, host_mix, host_normalize, normalization_of
 from src.data.random_erasing import erase, erase_box
 from src.dataset import Augmentation, EpochSampler, create_dataset, create_train_input_stage, folder_eval_transform
 from src.errors import UserInputError

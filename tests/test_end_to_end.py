@@ -63,7 +63,7 @@ def test_run_eval_reports_accuracy_on_every_sample(cifar_run, workdir):
 def test_train_and_eval_on_image_folders(tmp_path, folder_dir):
     common = ["--config_path", str(CONFIG), "--dataset", "imagenet2012", "--data_path", str(folder_dir),
               "--train_image_size", "48", "--eval_image_size", "48", "--output_dir", str(tmp_path),
-              "--data_worker_kind", "thread"]
+              "--num_parallel_workers", "2", "--data_worker_kind", "thread"]
     # mixed precision (O2) with the v2 recipe's data switches: the input stage runs in float32
     # before the float16 network, erasing and mixing included
     recipe = ["--amp_level", "O2", "--auto_augment", "ta_wide", "--random_erase", "0.5", "--mixup_alpha", "0.2",

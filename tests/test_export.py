@@ -121,7 +121,7 @@ def test_export_verifies_against_checkpoint(exported, net_name, file_format):
 def test_export_with_input_stage_takes_pixels_like_the_float_file(exported, file_format):
     """--export_input_stage True: verified, uint8 NHWC input, and on the same pixels its logits are
     the float file's on the host-normalized pixels."""
-    from src.data.input_stage import host_normalize, normalization_of
+    from src.data.host_stage import host_normalize, normalization_of
     from src.deploy.inference import ExportedModel, seeded_pixels
     report = exported("resnet18", file_format, pixels=True)
     batch = None if file_format == "MINDIR" else 16

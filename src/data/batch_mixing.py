@@ -8,7 +8,7 @@ from typing import Tuple
 
 import numpy as np
 
-from src.data.input_stage import NO_MIX, host_mix
+from src.data.host_stage import NO_MIX, host_mix
 from src.errors import UserInputError
 
 

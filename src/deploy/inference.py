@@ -4,14 +4,13 @@ Used by export.py (--verify: compare the export with the checkpoint network) and
 (classify image files with an export). onnxruntime is optional: only ONNX files need it.
 """
 import os
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from src.data.host_stage import Normalization, host_normalize
 from src.errors import UserInputError, require_module
 
-if TYPE_CHECKING:  # input_stage imports MindSpore, which onnxruntime-only users need not load
-    from src.data.input_stage import Normalization
 
 EXTENSIONS = {".mindir": "MINDIR", ".onnx": "ONNX", ".air": "AIR"}
 ONNXRUNTIME_HINT = "pip install onnxruntime (or pip install -r requirements-dev.txt)"
@@ -154,10 +153,9 @@ class ExportedModel:
             outputs.append(self.run(chunk)[:count])
         return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
 
-    def predict_pixels(self, pixels: np.ndarray, normalization: "Normalization", batch_size: int = 32) -> np.ndarray:
+    def predict_pixels(self, pixels: np.ndarray, normalization: Normalization, batch_size: int = 32) -> np.ndarray:
         """Logits for uint8 NHWC RGB images (as the dataset and `eval_image` give them): straight
         into a file with the input stage, host-normalized to float32 NCHW for any other."""
-        from src.data.input_stage import host_normalize  # pylint: disable=import-outside-toplevel
         return self.predict(pixels if self.takes_pixels else host_normalize(pixels, normalization), batch_size)
 
 

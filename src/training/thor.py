@@ -119,7 +119,8 @@ def create_thor_model(cfg: Any, net, lrs: np.ndarray, *, steps_per_epoch: int, f
     split points over the trainable parameters (used with several ranks)."""
     from mindspore.train import ConvertModelUtils, Model
 
-    from src.data.input_stage import WithInputStage, normalization_of
+    from src.data.host_stage import normalization_of
+    from src.data.input_stage import WithInputStage
     from src.loss import create_loss
     from src.training.optimizer import parameter_kinds
     from src.training.precision import create_loss_scale_manager, resolve_amp_level
