@@ -27,8 +27,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from src.data.host_stage import normalization_of
-from src.dataset import DATASETS, IMAGE_EXTENSIONS, eval_image, preprocess_eval_image
+from src.data.host_stage import host_normalize, normalization_of
+from src.dataset import DATASETS, IMAGE_EXTENSIONS, eval_image
 from src.deploy.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
                                   softmax, top_k)
 from src.device import DEVICE_TARGETS, init_device
@@ -84,11 +84,8 @@ def resolve_image_size(model: ExportedModel, requested: int) -> int:
 def load_image(path: str, dataset: str, image_size: int, resize_size: int = 0,
                interpolation: str = "bilinear") -> np.ndarray:
     """One image file as a float-input file takes it: `load_pixels`, normalized (float32 CHW)."""
-    try:
-        with Image.open(path) as image:
-            return preprocess_eval_image(image, dataset, image_size, resize_size, interpolation)
-    except (OSError, ValueError) as err:
-        raise UserInputError(f"cannot read image {path} ({err}); pass image files") from None
+    pixels = load_pixels(path, dataset, image_size, resize_size, interpolation)
+    return host_normalize(pixels[None], normalization_of(dataset))[0]
 
 
 def load_pixels(path: str, dataset: str, image_size: int, resize_size: int = 0,

@@ -28,7 +28,7 @@ from src.data.auto_augment import create_policy, interpolation_mode
 from src.data.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
 from src.data.batch_mixing import check_mixing, draw_mix
 from src.data.image_decode import crop_resize, open_image
-from src.data.host_stage import (  # noqa: F401 (the statistics are re-exported for this face's callers)
+from src.data.host_stage import (  # noqa: F401 (statistics and normalization re-exported for callers of this face)
     CIFAR_MEAN, CIFAR_STD, IMAGENET_MEAN, IMAGENET_STD, NO_MIX, host_normalize, normalization_of)
 from src.data.input_stage import TrainInputStage
 from src.data.random_erasing import erase_box
@@ -499,8 +499,8 @@ def fit_size(image: np.ndarray, image_size: int, interpolation: str = "bilinear"
 
 def eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: int = 0,
                interpolation: str = "bilinear") -> np.ndarray:
-    """One image as evaluation crops it, before normalization: RGB uint8 HWC (for prediction with
-    a model that takes uint8 NHWC input; see `preprocess_eval_image`).
+    """One image as evaluation crops it, before normalization: RGB uint8 HWC, what the dataset's
+    evaluation batches hold (for prediction; host_normalize gives a float model's input).
 
     The steps of `create_dataset(..., training=False)`, with the same operations: 'imagenet2012'
     applies the eval transform (short side to `resize_size`, default image_size / 0.875, center
@@ -512,14 +512,6 @@ def eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: i
     if dataset == "cifar10":
         return fit_size(np.asarray(image), image_size, interpolation)
     return _transform(dataset, image_size, resize_size, interpolation)(image, None)
-
-
-def preprocess_eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: int = 0,
-                          interpolation: str = "bilinear") -> np.ndarray:
-    """One image as evaluation feeds the network: float32 CHW, normalized (for prediction with a
-    model that takes float32 NCHW input): `eval_image`, then the dataset's normalization."""
-    pixels = eval_image(image, dataset, image_size, resize_size, interpolation)
-    return host_normalize(pixels[None], normalization_of(dataset))[0]
 
 
 WORKER_KINDS = ("process", "thread")
