@@ -524,9 +524,9 @@ def format_pipeline_table(section: Dict) -> str:
     card = section["cores_per_card"]
     lines.append(f"Cores per Ascend card (ResNet50 at {card['card_img_per_s']} img/s) from the pinned row: "
                  f"{card['generated_photos']} (generated photographs), {card['real_photos']} (real), "
-                 f"{card['v2_generated_photos']} (v2 recipe, generated); per-process ceiling = "
-                 f"{card['ceiling_over_card']}x a card's rate (the training process's own CPU allows "
-                 f"~{card['main_cpu_ceiling_img_per_s']} img/s)")
+                 f"{card['v2_generated_photos']} (v2 recipe, generated); the widest row on the tiny JPEGs "
+                 f"delivered {card['ceiling_over_card']}x a card's rate; the training process's own CPU "
+                 f"allows ~{card['main_cpu_ceiling_img_per_s']} img/s (its ceiling on any host)")
     return "\n".join(lines) + "\n"
 
 
