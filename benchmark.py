@@ -9,19 +9,27 @@ from generated CIFAR-10 binary files and JPEG class folders (end to end); evalua
 latency p50/p95/p99 at batch 1 and at the batch size; and each pipeline's img/s alone. With
 --vs-torch the same network, batch, size and thread count run in PyTorch eager fp32, in a
 process of their own, alternating with MindSpore, and the ratios are printed. With onnxruntime
-installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too,
-and with onnx installed as well, those files quantized to int8 (export.py --quantize's code).
-Then the ImageNet input pipelines: --photos photograph-like JPEGs (ImageNet sizes, quality 90) are
-generated, their mean size and PIL decode time reported, and this repository's pipeline and
-MindSpore's native one (as the model zoo builds it) measured on them, train and eval, one worker
-pinned to one core, then 1 and 2 workers on 2 cores. Everything is fp32 on the CPU.
+installed, the network exported to ONNX (batch 1 and batch N) is evaluated under onnxruntime too:
+the float file alone, the float file after host normalization of a uint8 batch (what its deployment
+runs), and the file exported with the input stage (export.py --export_input_stage True, uint8
+pixels in); with onnx installed as well, the float files quantized to int8 (export.py --quantize's code).
+Then the input pipelines, this repository's (create_dataset: uint8 batches) against MindSpore's
+native one as the model zoo builds it (float32 batches), one worker pinned to one core, then 1 and
+2 workers on 2 cores, each setting in a process of its own, pipelines alternating repeat by repeat:
+the per-process ceiling on --ceiling_images 16x16 JPEGs (plain and v2 recipe, worker processes and
+threads), --photos generated photograph-like JPEGs and as many real ones (matplotlib's sample
+photograph re-cropped at ImageNet sizes), train and eval, and CIFAR-10 at 32 px; with each, the
+training process's own CPU time per sample, and from them the host cores one Ascend card needs.
+Everything is fp32 on the CPU.
 Each configuration also lists the model's parameters, GFLOPs per image at its size (torchvision's
 convention: multiply-accumulates) and the GFLOP/s its training and evaluation achieved.
 """
 import argparse
+import functools
 import importlib.util
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -30,10 +38,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from src.data.host_stage import host_normalize, normalization_of
 from src.errors import OneLineParser, UserInputError, run_cli
 
+IMAGENET = normalization_of("imagenet2012")  # the benchmark's networks take ImageNet-normalized input
 PRESETS = {"targets": [("resnet50", 8, 224), ("resnet18", 64, 32)]}
 CLASSES = 10
+ONNX_WORKERS = ("onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels", "onnxruntime_int8")
 
 
 def percentiles_ms(seconds: Sequence[float]) -> Dict[str, float]:
@@ -110,12 +121,17 @@ class MindSporeRunner:
         from src.training.model_summary import model_summary
         return model_summary(self.net, image_size=int(self.one.shape[-1]))
 
-    def export_onnx(self, folder: str, batch: int, size: int) -> List[str]:
-        """The network in inference mode as ONNX files for batch 1 and `batch` (ONNX batches are fixed)."""
+    def export_onnx(self, folder: str, batch: int, size: int, pixels: bool = False) -> List[str]:
+        """The network in inference mode as ONNX files for batch 1 and `batch` (ONNX batches are
+        fixed); `pixels`: with the input stage in front (uint8 NHWC in)."""
         from export import export_network
+        from src.data.input_stage import WithInputStage
         self._set_training(False)
-        return [export_network(self.net, file_name=f"{self.name}_b{n}", file_format="ONNX", batch_size=n,
-                               height=size, width=size, staging=folder) for n in (1, batch)]
+        net = WithInputStage(self.net, normalization_of("imagenet2012")) if pixels else self.net
+        net.set_train(False)
+        return [export_network(net, file_name=f"{self.name}{'_pixels' if pixels else ''}_b{n}", file_format="ONNX",
+                               batch_size=n, height=size, width=size, staging=folder, pixels=pixels)
+                for n in (1, batch)]
 
 
 class TorchRunner:
@@ -154,26 +170,38 @@ class TorchRunner:
 
 
 class OnnxRunner:
-    """The MindSpore network exported to ONNX (batch 1 and batch N files, float or int8), run by
-    onnxruntime with the session predict.py uses; inference only."""
+    """The MindSpore network exported to ONNX (batch 1 and batch N files: float, int8, or uint8
+    pixels in), run by onnxruntime with the session predict.py uses; inference only. With
+    `host_normalize` a float file's every call first normalizes a uint8 NHWC batch on the host."""
 
     trains = False
 
-    def __init__(self, files: Sequence[str], threads: int):
+    def __init__(self, files: Sequence[str], threads: int, host_normalize: bool = False):
         from src.deploy.inference import onnx_session
         start = time.perf_counter()
         self.sessions = [onnx_session(path, threads) for path in files]  # batch 1, then batch N
         self.build_s = time.perf_counter() - start
+        self.host_normalize = host_normalize
         rng = np.random.default_rng(0)
-        self.inputs = [{session.get_inputs()[0].name: rng.random(session.get_inputs()[0].shape, dtype=np.float32)}
-                       for session in self.sessions]
+        self.inputs = []
+        for session in self.sessions:
+            model_input = session.get_inputs()[0]
+            if model_input.type == "tensor(uint8)" or host_normalize:  # pixels, NHWC
+                n, *rest = model_input.shape
+                shape = (n, *rest) if model_input.type == "tensor(uint8)" else (n, rest[1], rest[2], 3)
+                self.inputs.append({model_input.name: rng.integers(0, 256, shape, dtype=np.uint8)})
+            else:
+                self.inputs.append({model_input.name: rng.random(model_input.shape, dtype=np.float32)})
 
     def compile_seconds(self) -> float:
         return round(self.build_s, 2)  # session creation: graph optimization and kernel selection
 
     def eval_step(self, single: bool) -> None:
         index = 0 if single else 1
-        self.sessions[index].run(None, self.inputs[index])
+        feed = self.inputs[index]
+        if self.host_normalize:
+            feed = {name: host_normalize(pixels, IMAGENET) for name, pixels in feed.items()}
+        self.sessions[index].run(None, feed)
 
 
 def measure_runner(runner, batch: int, *, steps: int, repeats: int, calls: int) -> Dict:
@@ -212,19 +240,31 @@ def pipeline_rate(dataset: str, path: str, batch: int, size: int, workers: int, 
 
 def end_to_end_rate(runner: MindSporeRunner, dataset: str, path: str, batch: int, size: int, workers: int,
                     steps: int) -> float:
-    """Training img/s with batches coming from the real pipeline."""
+    """Training img/s with batches coming from the real pipeline (uint8 batches normalized by the
+    input stage's cell, as the training step's first cell does)."""
+    from src.data.input_stage import NormalizeImages
     from src.dataset import create_dataset
     data = create_dataset(dataset, path, training=True, batch_size=batch, image_size=size,
                           num_parallel_workers=workers)
+    normalize = NormalizeImages(data.normalization)
     iterator = data.create_tuple_iterator(num_epochs=-1)
-    runner.train_step(*next(iterator))
+
+    def step() -> None:
+        images, labels = next(iterator)
+        runner.train_step(normalize(images), labels)
+    step()
     start = time.perf_counter()
     for _ in range(steps):
-        runner.train_step(*next(iterator))
+        step()
     return round(batch * steps / (time.perf_counter() - start), 2)
 
 
 PHOTO_SIZE, PHOTO_RESIZE = 224, 256  # the ImageNet pipelines: train crop and eval center crop, eval short side
+CIFAR_SIZE = 32
+CIFAR_RECORDS = 10_000  # MindSpore's Cifar10Dataset rejects files with fewer records
+CARD_IMG_PER_S = 2170  # the model zoo's ResNet50 on one Ascend 910 card: 118 ms per 256-image step
+# resnet50_imagenet2012_v2.yaml's data recipe (TrivialAugmentWide, erasing, mixup/cutmix, repeated augmentation)
+V2_RECIPE = {"auto_augment": "ta_wide", "random_erase": 0.1, "mixup_alpha": 0.2, "cutmix_alpha": 1.0, "ra_reps": 4}
 
 
 def native_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
@@ -249,59 +289,106 @@ def native_imagenet_dataset(path: str, *, training: bool, batch: int, workers: i
     return data.batch(batch, drop_remainder=True)
 
 
-def our_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int, antialias: bool = True):
-    """This repository's pipeline on the same folder."""
-    from src.dataset import create_dataset
-    return create_dataset("imagenet2012", path, training=training, batch_size=batch, image_size=PHOTO_SIZE,
-                          num_parallel_workers=workers, antialias=antialias)
+def native_cifar_dataset(path: str, *, training: bool, batch: int, workers: int):
+    """MindSpore's C++ CIFAR-10 training pipeline as the model zoo builds it, at 32 px: random crop
+    with 4 pixels of padding, flip, rescale, normalize, HWC->CHW."""
+    import mindspore as ms
+    import mindspore.dataset as ds
+    import mindspore.dataset.transforms as transforms
+    import mindspore.dataset.vision as vision
+
+    from src.dataset import CIFAR_MEAN, CIFAR_STD
+    data = ds.Cifar10Dataset(path, usage="train", num_parallel_workers=workers, shuffle=training)
+    ops = [vision.RandomCrop((CIFAR_SIZE, CIFAR_SIZE), (4, 4, 4, 4)), vision.RandomHorizontalFlip(prob=0.5),
+           vision.Rescale(1.0 / 255.0, 0.0), vision.Normalize(mean=list(CIFAR_MEAN), std=list(CIFAR_STD)),
+           vision.HWC2CHW()]
+    data = data.map(operations=ops, input_columns="image", num_parallel_workers=workers)
+    data = data.map(operations=transforms.TypeCast(ms.int32), input_columns="label", num_parallel_workers=workers)
+    return data.batch(batch, drop_remainder=True)
 
 
-def plain_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
-    """This repository's pipeline resizing training crops without antialiasing, as the native one does."""
-    return our_imagenet_dataset(path, training=training, batch=batch, workers=workers, antialias=False)
-
-
-def recipe_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
-    """This repository's training pipeline with the modern recipe's per-sample work on:
-    TrivialAugmentWide and random erasing (p 0.1), as resnet50_imagenet2012_v2.yaml trains."""
+def our_dataset(path: str, *, training: bool, batch: int, workers: int, dataset: str = "imagenet2012",
+                worker_kind: str = "process", **options):
+    """This repository's pipeline (create_dataset) on the same files; `options` are its keyword arguments."""
     from src.dataset import Augmentation, create_dataset
-    return create_dataset("imagenet2012", path, training=training, batch_size=batch, image_size=PHOTO_SIZE,
-                          num_parallel_workers=workers,
-                          augmentation=Augmentation(auto_augment="ta_wide", random_erase=0.1))
+    recipe = Augmentation(**options.pop("recipe", {}))
+    size = CIFAR_SIZE if dataset == "cifar10" else PHOTO_SIZE
+    return create_dataset(dataset, path, training=training, batch_size=batch, image_size=size, class_num=10,
+                          num_parallel_workers=workers, worker_kind=worker_kind, augmentation=recipe, **options)
 
 
-def dataset_rate(data, batches: int) -> float:
-    """img/s of a batched dataset over `batches` batches after one start-up batch (epochs repeat)."""
+# What each pipeline process measures: case -> (data folder, {pipeline: (builder, training)}).
+PIPELINE_CASES = {
+    "ceiling": ("tiny", {
+        "ours": (functools.partial(our_dataset), True),
+        "ours_threads": (functools.partial(our_dataset, worker_kind="thread"), True),
+        "v2": (functools.partial(our_dataset, recipe=V2_RECIPE), True),
+        "native": (native_imagenet_dataset, True)}),
+    "photos": ("photos", {
+        "ours_train": (our_dataset, True),
+        "no_aa_train": (functools.partial(our_dataset, antialias=False), True),
+        "v2_train": (functools.partial(our_dataset, recipe=V2_RECIPE), True),
+        "native_train": (native_imagenet_dataset, True),
+        "ours_eval": (our_dataset, False),
+        "native_eval": (native_imagenet_dataset, False)}),
+    "real": ("real", {
+        "ours_train": (our_dataset, True),
+        "native_train": (native_imagenet_dataset, True),
+        "ours_eval": (our_dataset, False),
+        "native_eval": (native_imagenet_dataset, False)}),
+    "cifar": ("cifar", {
+        "ours": (functools.partial(our_dataset, dataset="cifar10"), True),
+        "v2": (functools.partial(our_dataset, dataset="cifar10", recipe=V2_RECIPE), True),
+        "native": (native_cifar_dataset, True)}),
+}
+
+
+def dataset_rate(data, batches: int) -> Tuple[float, float]:
+    """img/s of a batched dataset over `batches` batches after one start-up batch (epochs repeat),
+    and the main process's own CPU time per sample in microseconds (getrusage: all its threads,
+    not its worker processes): the cost no number of workers takes off the training process."""
     iterator = data.repeat(-1).create_tuple_iterator(num_epochs=1, output_numpy=True)
     next(iterator)
-    start, images = time.perf_counter(), 0
+    start, cpu_start, images = time.perf_counter(), _own_cpu_seconds(), 0
     for _ in range(batches):
         images += len(next(iterator)[1])
-    return round(images / (time.perf_counter() - start), 1)
+    elapsed, cpu = time.perf_counter() - start, _own_cpu_seconds() - cpu_start
+    return round(images / elapsed, 1), round(cpu / images * 1e6, 1)
 
 
-PIPELINES = {"ours": our_imagenet_dataset, "plain": plain_imagenet_dataset, "native": native_imagenet_dataset,
-             "recipe": recipe_imagenet_dataset}
-PHASES = {"ours": ("train", "eval"), "plain": ("train",), "native": ("train", "eval"), "recipe": ("train",)}
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
-def measure_pipelines(path: str, *, batch: int, workers: int, batches: int, repeats: int) -> Dict[str, float]:
-    """img/s of our and the native pipeline, train and eval, alternating repeat by repeat (medians)."""
-    rates: Dict[str, List[float]] = {}
+def measure_pipelines(folders: Dict[str, str], *, batch: int, workers: int, batches: Dict[str, int],
+                      repeats: int) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """Every case's pipelines, alternating repeat by repeat: medians of img/s and of the main
+    process's CPU microseconds per sample."""
+    samples: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
     for _ in range(repeats):
-        for name, build in PIPELINES.items():
-            for phase in PHASES[name]:
-                data = build(path, training=phase == "train", batch=batch, workers=workers)
-                rates.setdefault(f"{name}_{phase}", []).append(dataset_rate(data, batches))
-    return {key: round(float(np.median(values)), 1) for key, values in rates.items()}
+        for case, (folder, pipelines) in PIPELINE_CASES.items():
+            for name, (build, training) in pipelines.items():
+                if name.endswith("threads") and workers < 2:
+                    continue  # one worker is a thread either way
+                data = build(folders[folder], training=training, batch=batch, workers=workers)
+                samples.setdefault((case, name), []).append(dataset_rate(data, batches[folder]))
+    result: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for (case, name), values in samples.items():
+        rates, cpus = zip(*values)
+        result.setdefault(case, {})[name] = {"img_per_s": round(float(np.median(rates)), 1),
+                                             "main_cpu_us": round(float(np.median(cpus)), 1)}
+    return result
 
 
 def serve_pipelines(args: argparse.Namespace) -> int:
-    """A measuring process for the ImageNet pipelines, confined to its first --cores cores."""
+    """A measuring process for the input pipelines, confined to its first --cores cores."""
     cores = sorted(os.sched_getaffinity(0))[:args.cores]
-    os.sched_setaffinity(0, cores)  # threads started from here on inherit the mask
-    batches = max(2, 2 * args.photos // args.photo_batch)
-    result = measure_pipelines(args.photo_dir, batch=args.photo_batch, workers=args.workers, batches=batches,
+    os.sched_setaffinity(0, cores)  # threads and worker processes started from here on inherit the mask
+    folders = json.loads(args.photo_dir)
+    batches = {"tiny": max(2, args.ceiling_images // args.photo_batch), "photos": max(2, 2 * args.photos // args.photo_batch),
+               "real": max(2, 2 * args.photos // args.photo_batch), "cifar": max(2, args.ceiling_images // args.photo_batch)}
+    result = measure_pipelines(folders, batch=args.photo_batch, workers=args.workers, batches=batches,
                                repeats=args.repeats)
     print(REPLY + json.dumps({"cores": len(cores), "workers": args.workers, **result}), flush=True)
     return 0
@@ -313,26 +400,78 @@ def pipeline_settings() -> List[Tuple[int, int]]:
     return [(1, 1)] + ([(2, 1), (2, 2)] if available_cores() >= 2 else [])
 
 
+def write_pipeline_data(args: argparse.Namespace, data_root: str) -> Tuple[Dict[str, str], Dict]:
+    """The pipelines' files: tiny JPEGs (the ceiling), generated and real photographs, CIFAR-10
+    binary files of 10,000 records (MindSpore's reader takes no fewer); their folders and descriptions."""
+    from src.data.photo_data import describe_files, write_photo_folder, write_real_photo_folder, write_tiny_jpegs
+    folders = {name: os.path.join(data_root, name) for name in ("tiny", "photos", "real")}
+    files = {"tiny": describe_files(write_tiny_jpegs(folders["tiny"], args.ceiling_images)),
+             "photos": describe_files(write_photo_folder(folders["photos"], args.photos)),
+             "real": describe_files(write_real_photo_folder(folders["real"], args.photos))}
+    folders["cifar"] = write_cifar_records(os.path.join(data_root, "cifar"), CIFAR_RECORDS)
+    return folders, files
+
+
+def write_cifar_records(folder: str, records: int) -> str:
+    """A CIFAR-10 binary training file (data_batch_1.bin) of `records` random images, and a
+    one-record test_batch.bin; the folder."""
+    from src.dataset import CIFAR_RECORD_BYTES
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name, count in (("data_batch_1.bin", records), ("test_batch.bin", 1)):
+        data = rng.integers(0, 256, (count, CIFAR_RECORD_BYTES), dtype=np.uint8)
+        data[:, 0] %= 10
+        data.tofile(os.path.join(folder, name))
+    return folder
+
+
 def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
-    """Our ImageNet pipeline against the native one on the same photograph-like JPEGs, per core."""
-    from src.data.photo_data import describe_files, write_photo_folder
-    folder = os.path.join(data_root, "photos")
-    files = describe_files(write_photo_folder(folder, args.photos))
+    """Our input pipeline against MindSpore's native one on the same files, per core and with 1
+    and 2 workers, each setting in a process of its own."""
+    folders, files = write_pipeline_data(args, data_root)
     rows = []
     for cores, workers in pipeline_settings():
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "pipelines", "--photo_dir", folder,
-                   "--photos", str(args.photos), "--photo_batch", str(args.photo_batch), "--cores", str(cores),
-                   "--workers", str(workers), "--repeats", str(args.repeats)]
-        row = _reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))), "pipelines")
-        row["train_ours_over_native"] = round(row["ours_train"] / row["native_train"], 3)
-        row["train_plain_over_native"] = round(row["plain_train"] / row["native_train"], 3)
-        row["eval_ours_over_native"] = round(row["ours_eval"] / row["native_eval"], 3)
-        row["recipe_cost_over_plain"] = round(row["ours_train"] / row["recipe_train"], 3)  # time per sample
-        rows.append(row)
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "pipelines", "--photo_dir", json.dumps(folders),
+                   "--photos", str(args.photos), "--ceiling_images", str(args.ceiling_images),
+                   "--photo_batch", str(args.photo_batch), "--cores", str(cores), "--workers", str(workers),
+                   "--repeats", str(args.repeats)]
+        rows.append(_reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
+                                             cwd=os.path.dirname(os.path.abspath(__file__))), "pipelines"))
     from src.data.image_decode import decoder_name
-    return {"files": files, "decoder": decoder_name(), "batch_size": args.photo_batch, "image_size": PHOTO_SIZE,
-            "rows": rows}
+    section = {"files": files, "decoder": decoder_name(), "batch_size": args.photo_batch, "image_size": PHOTO_SIZE,
+               "rows": rows}
+    section["ratios"] = pipeline_ratios(rows)
+    section["cores_per_card"] = cores_per_card(rows)
+    return section
+
+
+def _rate(row: Dict, case: str, name: str) -> float:
+    return row[case][name]["img_per_s"]
+
+
+def pipeline_ratios(rows: List[Dict]) -> List[Dict[str, float]]:
+    """Per row: ours over native (ceiling plain and v2, photographs generated and real, train and
+    eval, CIFAR)."""
+    pairs = {"ceiling_ours": ("ceiling", "ours", "native"), "ceiling_v2": ("ceiling", "v2", "native"),
+             "photos_train": ("photos", "ours_train", "native_train"), "photos_eval": ("photos", "ours_eval", "native_eval"),
+             "real_train": ("real", "ours_train", "native_train"), "real_eval": ("real", "ours_eval", "native_eval"),
+             "cifar": ("cifar", "ours", "native")}
+    return [{key: round(_rate(row, case, ours) / _rate(row, case, native), 3)
+             for key, (case, ours, native) in pairs.items()} for row in rows]
+
+
+def cores_per_card(rows: List[Dict]) -> Dict[str, float]:
+    """Host cores one card's ResNet50 (CARD_IMG_PER_S) needs from our training pipeline: the
+    pinned one-core row's rate on photographs (worker and training process sharing the core),
+    and the per-process ceiling as a multiple of the card's rate."""
+    pinned = rows[0]
+    widest = rows[-1]
+    return {"card_img_per_s": CARD_IMG_PER_S,
+            "generated_photos": round(CARD_IMG_PER_S / _rate(pinned, "photos", "ours_train"), 1),
+            "real_photos": round(CARD_IMG_PER_S / _rate(pinned, "real", "ours_train"), 1),
+            "v2_generated_photos": round(CARD_IMG_PER_S / _rate(pinned, "photos", "v2_train"), 1),
+            "ceiling_over_card": round(_rate(widest, "ceiling", "ours") / CARD_IMG_PER_S, 2),
+            "main_cpu_ceiling_img_per_s": round(1e6 / max(widest["ceiling"]["ours"]["main_cpu_us"], 1e-3))}
 
 
 def _reply_of(result: subprocess.CompletedProcess, what: str) -> Dict:
@@ -342,22 +481,52 @@ def _reply_of(result: subprocess.CompletedProcess, what: str) -> Dict:
     raise RuntimeError(f"the {what} benchmark process ended without a result (exit {result.returncode})")
 
 
+def _setting(row: Dict) -> str:
+    return f"{row['cores']} / {row['workers']}" + (" (pinned)" if row["cores"] == 1 else "")
+
+
+def _cells(row: Dict, case: str, names: Sequence[str], width: int = 10) -> str:
+    return "".join(f"{(_rate(row, case, name) if name in row[case] else '-'):>{width}}" for name in names)
+
+
 def format_pipeline_table(section: Dict) -> str:
-    files = section["files"]
-    lines = [f"ImageNet input pipelines, {files['files']} generated photographs (mean {files['mean_file_kb']} KB, "
-             f"PIL full decode {files['pil_decode_ms']} ms/image), batch {section['batch_size']}, "
-             f"{section['image_size']}px, float32 out; our JPEG decoder: {section['decoder']}",
-             f"  {'cores / workers':<18}{'ours train':>12}{'native train':>14}{'ratio':>8}{'no-aa train':>13}"
-             f"{'ratio':>8}{'ours eval':>12}{'native eval':>14}{'ratio':>8}{'recipe train':>14}{'cost':>7}"]
-    for row in section["rows"]:
-        setting = f"{row['cores']} / {row['workers']}" + (" (pinned)" if row["cores"] == 1 else "")
-        lines.append(f"  {setting:<18}{row['ours_train']:>12}{row['native_train']:>14}"
-                     f"{row['train_ours_over_native']:>8}{row['plain_train']:>13}{row['train_plain_over_native']:>8}"
-                     f"{row['ours_eval']:>12}{row['native_eval']:>14}"
-                     f"{row['eval_ours_over_native']:>8}{row['recipe_train']:>14}{row['recipe_cost_over_plain']:>7}")
-    lines.append("  img/s; ratio: ours / native (MindSpore's C++ pipeline as the model zoo builds it); no-aa: ours with "
-                 "antialias False (resizing as the native pipeline does); recipe train: ours with TrivialAugmentWide + "
-                 "random erasing 0.1, cost: its time per sample / ours train's")
+    files, rows, ratios = section["files"], section["rows"], section["ratios"]
+    head = f"batch {section['batch_size']}, {section['image_size']} px, uint8 out (ours) / float32 out (native)"
+    lines = [f"Input pipeline ceiling: {files['tiny']['files']} 16x16 JPEGs (decoding ~free), training transforms, {head}",
+             f"  {'cores / workers':<18}{'ours':>10}{'threads':>10}{'v2':>10}{'native':>10}{'ours/nat':>10}"
+             f"{'v2/nat':>10}{'main us/img ours':>18}{'native':>8}"]
+    for row, ratio in zip(rows, ratios):
+        lines.append(f"  {_setting(row):<18}{_cells(row, 'ceiling', ('ours', 'ours_threads', 'v2', 'native'))}"
+                     f"{ratio['ceiling_ours']:>10}{ratio['ceiling_v2']:>10}"
+                     f"{row['ceiling']['ours']['main_cpu_us']:>18}{row['ceiling']['native']['main_cpu_us']:>8}")
+    lines.append("  img/s; ours: create_dataset, plain recipe (worker processes; threads: data_worker_kind thread); v2: "
+                 "resnet50_imagenet2012_v2.yaml's recipe (TrivialAugmentWide, erasing, mixup/cutmix, ra_reps 4); "
+                 "native: MindSpore's C++ pipeline as the model zoo builds it; main us/img: the training process's own "
+                 "CPU per sample (getrusage)")
+    lines.append(f"Photographs: generated {files['photos']['files']} (mean {files['photos']['mean_file_kb']} KB, PIL "
+                 f"decode {files['photos']['pil_decode_ms']} ms) and real {files['real']['files']} (matplotlib's "
+                 f"grace_hopper.jpg re-cropped; {files['real']['mean_file_kb']} KB, {files['real']['pil_decode_ms']} ms), "
+                 f"{head}; our JPEG decoder: {section['decoder']}")
+    lines.append(f"  {'cores / workers':<18}{'gen ours':>10}{'native':>10}{'ratio':>8}{'no-aa':>9}{'v2':>8}"
+                 f"{'eval':>8}{'native':>8}{'ratio':>8}{'real ours':>11}{'native':>8}{'ratio':>8}{'eval':>8}"
+                 f"{'native':>8}{'ratio':>8}")
+    for row, ratio in zip(rows, ratios):
+        lines.append(f"  {_setting(row):<18}{_cells(row, 'photos', ('ours_train', 'native_train'))}"
+                     f"{ratio['photos_train']:>8}{_cells(row, 'photos', ('no_aa_train', 'v2_train', 'ours_eval', 'native_eval'), 8)[1:]}"
+                     f"{ratio['photos_eval']:>8}{_cells(row, 'real', ('ours_train',), 11)}"
+                     f"{_cells(row, 'real', ('native_train',), 8)}{ratio['real_train']:>8}"
+                     f"{_cells(row, 'real', ('ours_eval', 'native_eval'), 8)}{ratio['real_eval']:>8}")
+    lines.append(f"CIFAR-10 at {CIFAR_SIZE} px, training transforms, batch {section['batch_size']}")
+    lines.append(f"  {'cores / workers':<18}{'ours':>10}{'v2':>10}{'native':>10}{'ratio':>8}{'main us/img':>13}")
+    for row, ratio in zip(rows, ratios):
+        lines.append(f"  {_setting(row):<18}{_cells(row, 'cifar', ('ours', 'v2', 'native'))}{ratio['cifar']:>8}"
+                     f"{row['cifar']['ours']['main_cpu_us']:>13}")
+    card = section["cores_per_card"]
+    lines.append(f"Cores per Ascend card (ResNet50 at {card['card_img_per_s']} img/s) from the pinned row: "
+                 f"{card['generated_photos']} (generated photographs), {card['real_photos']} (real), "
+                 f"{card['v2_generated_photos']} (v2 recipe, generated); the widest row on the tiny JPEGs "
+                 f"delivered {card['ceiling_over_card']}x a card's rate; the training process's own CPU "
+                 f"allows ~{card['main_cpu_ceiling_img_per_s']} img/s (its ceiling on any host)")
     return "\n".join(lines) + "\n"
 
 
@@ -372,8 +541,8 @@ def serve(args: argparse.Namespace) -> int:
         from src.device import init_device
         init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads)
         runner = MindSporeRunner(args.net, args.batch_size, args.image_size)
-    elif args.worker in ("onnxruntime", "onnxruntime_int8"):
-        runner = OnnxRunner(args.onnx_files.split(","), args.threads)
+    elif args.worker in ONNX_WORKERS:
+        runner = OnnxRunner(args.onnx_files.split(","), args.threads, host_normalize=args.worker == "onnxruntime_hostnorm")
     else:
         runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads)
 
@@ -387,7 +556,8 @@ def serve(args: argparse.Namespace) -> int:
         if command == "measure":
             reply(measure_runner(runner, args.batch_size, steps=args.steps, repeats=1, calls=args.calls))
         elif command == "export":
-            reply({"onnx_files": runner.export_onnx(argument, args.batch_size, args.image_size)})
+            reply({"onnx_files": runner.export_onnx(argument, args.batch_size, args.image_size),
+                   "pixel_files": runner.export_onnx(argument, args.batch_size, args.image_size, pixels=True)})
         elif command == "data":
             paths = json.loads(argument)
             batches = max(4, args.steps)
@@ -447,8 +617,11 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
         if importlib.util.find_spec("onnxruntime") is not None:
             folder = os.path.join(data_root, f"onnx_{net_name}_{batch}_{size}")
             os.makedirs(folder)
-            files = workers[0].ask("export " + folder)["onnx_files"]
-            workers.append(Worker("onnxruntime", net_name, batch, size, args, ["--onnx_files", ",".join(files)]))
+            exported = workers[0].ask("export " + folder)
+            files = exported["onnx_files"]
+            for kind, paths in (("onnxruntime", files), ("onnxruntime_hostnorm", files),
+                                ("onnxruntime_pixels", exported["pixel_files"])):
+                workers.append(Worker(kind, net_name, batch, size, args, ["--onnx_files", ",".join(paths)]))
             if importlib.util.find_spec("onnx") is not None:
                 workers.append(Worker("onnxruntime_int8", net_name, batch, size, args,
                                       ["--onnx_files", ",".join(int8_files(files, size))]))
@@ -529,9 +702,11 @@ def _ratios(report: Dict) -> Dict[str, float]:
             if label.startswith("eval_batch_"):
                 ratios[f"{label}_mindspore_over_torch"] = round(
                     ms_result[label]["img_per_s"] / torch_result[label]["img_per_s"], 3)
-    for path in ("onnxruntime", "onnxruntime_int8"):
+    for path in ("onnxruntime", "onnxruntime_int8", "onnxruntime_pixels"):
         for label in [k for k in report.get(path, {}) if k.startswith("eval_batch_")]:
-            for other in ("mindspore", "torch", "onnxruntime"):
+            others = ("onnxruntime", "onnxruntime_hostnorm") if path == "onnxruntime_pixels" else \
+                ("mindspore", "torch", "onnxruntime")
+            for other in others:
                 if other in report and other != path:
                     ratios[f"{label}_{path}_over_{other}"] = round(
                         report[path][label]["img_per_s"] / report[other][label]["img_per_s"], 3)
@@ -576,10 +751,14 @@ def format_table(reports: List[Dict]) -> str:
 def _deployment_rows(r: Dict) -> List[str]:
     """CPU inference paths side by side: MindSpore, PyTorch eager, the ONNX export under onnxruntime
     (float, and int8 where onnx is installed), with the speed-ups of the ONNX files."""
-    paths = [name for name in ("mindspore", "torch", "onnxruntime", "onnxruntime_int8") if name in r]
-    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "ort int8"}
-    short = {"onnxruntime": "ort", "onnxruntime_int8": "int8"}
+    paths = [name for name in ("mindspore", "torch", "onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels",
+                               "onnxruntime_int8") if name in r]
+    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "ort int8",
+              "onnxruntime_hostnorm": "ort+norm", "onnxruntime_pixels": "ort pixels"}
+    short = {"onnxruntime": "ort", "onnxruntime_int8": "int8", "onnxruntime_hostnorm": "norm",
+             "onnxruntime_pixels": "pixels"}
     speedups = [(p, other) for p, others in (("onnxruntime", ("mindspore", "torch")),
+                                             ("onnxruntime_pixels", ("onnxruntime_hostnorm",)),
                                              ("onnxruntime_int8", ("onnxruntime", "torch")))
                 for other in others if p in r and other in r]
     lines = [f"  {'CPU inference (eval mode)':<38}" + "".join(f"{titles[p]:>14}" for p in paths)
@@ -591,7 +770,9 @@ def _deployment_rows(r: Dict) -> List[str]:
                      + "".join(f"{v:>16}" for v in ratios))
         lines.append(f"  {label.replace('_', ' ') + ' p50 ms':<38}"
                      + "".join(f"{r[p][label]['latency_ms']['p50']:>14.1f}" for p in paths))
-    lines.append(f"  onnxruntime: the ONNX export (export.py) in the session predict.py uses, {r['threads']} threads")
+    lines.append(f"  onnxruntime: the ONNX export (export.py) in the session predict.py uses, {r['threads']} threads; "
+                 f"ort+norm: the same file after host normalization of a uint8 NHWC batch; ort pixels: the file "
+                 f"exported with the input stage (--export_input_stage True) on that uint8 batch")
     if "onnxruntime_int8" in r:
         lines.append("  ort int8: the same files quantized as export.py --quantize int8 does (QDQ, per-channel weights)")
     return lines
@@ -625,7 +806,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--photos", type=positive_int, default=256,
                         help="generated photographs for the ImageNet pipeline comparison")
     parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
-    parser.add_argument("--worker", choices=("mindspore", "torch", "onnxruntime", "onnxruntime_int8", "pipelines"), help=argparse.SUPPRESS)
+    parser.add_argument("--ceiling_images", type=positive_int, default=2048,
+                        help="16x16 JPEGs for the per-process ceiling of the pipelines")
+    parser.add_argument("--worker", choices=("mindspore", "torch", "pipelines") + ONNX_WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--photo_dir", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--onnx_files", help=argparse.SUPPRESS)
@@ -639,9 +822,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         args.workers, note = cap_workers(args.workers)
         if note:
             print(note.replace("num_parallel_workers", "--workers"), flush=True)
-        if args.photo_batch > args.photos:
-            parser.error(f"argument --photo_batch: {args.photo_batch} is more than --photos {args.photos}; "
-                         f"lower it or generate more photographs")
+        if args.photo_batch > min(args.photos, args.ceiling_images):
+            parser.error(f"argument --photo_batch: {args.photo_batch} is more than --photos {args.photos} or "
+                         f"--ceiling_images {args.ceiling_images}; lower it or generate more images")
     return args
 
 
@@ -664,7 +847,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(format_pipeline_table(pipelines))
     if args.json:
         from src.files import write_atomic
-        write_atomic(args.json, json.dumps({"reports": reports, "imagenet_pipelines": pipelines}, indent=2) + "\n")
+        write_atomic(args.json, json.dumps({"reports": reports, "input_pipelines": pipelines}, indent=2) + "\n")
         print(f"report written to {args.json}")
     return 0
 

@@ -6,7 +6,8 @@
 --use_ema True evaluates the checkpoint's EMA weights (ema.*, written with --model_ema True).
 --model_file FILE evaluates an exported file instead (.onnx float or int8 from export.py, through
 onnxruntime; .mindir through MindSpore): the same dataset, transforms and counts, every sample once,
-so the accuracy of what is deployed is measured; its input size must equal eval_image_size.
+so the accuracy of what is deployed is measured; its input size must equal eval_image_size. A file
+exported with --export_input_stage True gets the uint8 pixels, any other them normalized on the host.
 The JSON object on stdout holds top_1_accuracy, top_5_accuracy, loss, samples, checkpoint (null for
 --model_file), net_name, dataset, rank, and model_file for an exported file; it is the last line
 unless --report_dir is given.
@@ -24,6 +25,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from src.config import Config, load_config
+from src.data.host_stage import normalization_of
 from src.dataset import create_eval_dataset
 from src.deploy.inference import ExportedModel
 from src.device import cap_workers, init_device
@@ -52,15 +54,18 @@ def check_request(cfg: Config) -> None:
 
 
 def model_file_predictor(cfg: Config) -> Callable[[np.ndarray], np.ndarray]:
-    """An exported file as a function from an image batch to logits; a file that does not fit the
-    config (input size, number of classes) is a one-line error."""
+    """An exported file as a function from a uint8 NHWC batch (the dataset's) to logits: a file with
+    the input stage takes the pixels, a float file gets them normalized on the host. A file that does
+    not fit the config (input size, number of classes) is a one-line error."""
     model = ExportedModel(cfg.model_file)
-    if model.input_shape and model.input_shape[2:] != (cfg.eval_image_size, cfg.eval_image_size):
-        raise UserInputError(f"{cfg.model_file} takes {model.input_shape[2]}x{model.input_shape[3]} inputs but "
-                             f"eval_image_size is {cfg.eval_image_size}; pass --eval_image_size {model.input_shape[2]}")
+    size = model.image_size
+    if size and size != (cfg.eval_image_size, cfg.eval_image_size):
+        raise UserInputError(f"{cfg.model_file} takes {size[0]}x{size[1]} inputs but "
+                             f"eval_image_size is {cfg.eval_image_size}; pass --eval_image_size {size[0]}")
+    normalization = normalization_of(cfg.dataset)
 
     def run(images: np.ndarray) -> np.ndarray:
-        logits = model.predict(images, batch_size=len(images))
+        logits = model.predict_pixels(images, normalization, batch_size=len(images))
         if logits.shape[1] != cfg.class_num:
             raise UserInputError(f"{cfg.model_file} has {logits.shape[1]} outputs but class_num is {cfg.class_num}; "
                                  f"pass --class_num {logits.shape[1]}")
@@ -106,7 +111,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(json.dumps({**result, "checkpoint": cfg.checkpoint_file_path or None, **evaluated,
                       "net_name": cfg.net_name, "dataset": cfg.dataset, "rank": rank}), flush=True)
     if report is not None and rank == 0:  # every rank holds the same sums; one writes them
-        save_report(cfg.report_dir, report, source=dataset.source, num_classes=cfg.class_num,
+        save_report(cfg.report_dir, report, source=dataset.sample_source, num_classes=cfg.class_num,
                     title=f"{cfg.net_name} on {cfg.dataset}: {cfg.model_file or cfg.checkpoint_file_path}",
                     log=lambda line: print(line, flush=True))
     return 0

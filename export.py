@@ -10,6 +10,12 @@ input is float32 (batch, 3, height, width), normalized as in evaluation; height/
 eval_image_size.
 The file NAME.mindir|.onnx|.air (default NAME: net_name) is written atomically.
 
+--export_input_stage True exports the network with its input stage (src/data/input_stage.py) in
+front: the file takes uint8 RGB pixels (batch, height, width, 3), as eval_image crops them, and
+normalizes them inside the graph (4x fewer input bytes, no host normalization in the deployment).
+Its --verify feeds seeded uint8 pixels to the file and the same pixels, normalized on the host, to
+the checkpoint network. It does not combine with --quantize int8.
+
 Batch dimension: MINDIR files have a dynamic batch (any size at run time) unless
 --dynamic_batch False. ONNX and AIR files have a FIXED batch of --batch_size: feed exactly that
 many images (predict.py pads the last batch), and export with --batch_size 1 for single images.
@@ -18,8 +24,8 @@ many images (predict.py pads the last batch), and export with --batch_size 1 for
 onnxruntime) and compares its logits with the checkpoint network on a seeded random input
 (numpy default_rng(0), standard normal); it prints the max abs difference and the top-1 agreement
 and exits with code 1, writing no file, when the difference exceeds --verify_tolerance (1e-4).
-The last line on stdout is one JSON object: path, file_format, input_shape (null batch: dynamic),
-verified, max_abs_diff, top1_agreement, max_abs_logit, tolerance, quantization.
+The last line on stdout is one JSON object: path, file_format, input ("float32 NCHW" or
+"uint8 NHWC"), input_shape (in that layout; null batch: dynamic), verified, max_abs_diff, top1_agreement, max_abs_logit, tolerance, quantization.
 
 --quantize int8 (ONNX only; needs onnx and onnxruntime) writes the int8 model instead of the float
 one (default NAME: net_name_int8): onnxruntime's static quantization, QDQ format, int8 weights per
@@ -43,8 +49,10 @@ import numpy as np
 import mindspore as ms
 
 from src.config import Config, load_config
+from src.data.host_stage import Normalization, host_normalize, normalization_of
+from src.data.input_stage import WithInputStage
 from src.dataset import create_dataset
-from src.deploy.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input
+from src.deploy.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input, seeded_pixels
 from src.deploy.quantize import CALIBRATION_METHODS, compare_exports, quantize_onnx, quantized_convolutions, \
     require_quantization
 from src.device import init_device
@@ -57,28 +65,42 @@ DYNAMIC_FORMATS = ("MINDIR",)  # MindSpore 2.10 refuses a dynamic shape for ONNX
 MAX_DYNAMIC_VERIFY_BATCH = 8
 
 
+def input_layout(batch_size: Optional[int], height: int, width: int, pixels: bool) -> List[Optional[int]]:
+    """The exported input's shape: uint8 (batch, H, W, 3) with the input stage, else float32 (batch, 3, H, W)."""
+    return [batch_size, height, width, 3] if pixels else [batch_size, 3, height, width]
+
+
 def export_network(net, *, file_name: str, file_format: str, batch_size: Optional[int], height: int,
-                   width: int, staging: str) -> str:
-    """Export `net` for an input of (batch_size, 3, height, width) into the folder `staging`;
-    batch_size None exports a dynamic batch. Returns the staged file's path."""
+                   width: int, staging: str, pixels: bool = False) -> str:
+    """Export `net` for an input of float32 (batch_size, 3, height, width), or of uint8
+    (batch_size, height, width, 3) when `pixels` (a network with the input stage), into the folder
+    `staging`; batch_size None exports a dynamic batch. Returns the staged file's path."""
+    shape = input_layout(batch_size, height, width, pixels)
+    dtype = ms.uint8 if pixels else ms.float32
     if batch_size is None:
-        example = ms.Tensor(shape=[None, 3, height, width], dtype=ms.float32)
+        example = ms.Tensor(shape=shape, dtype=dtype)
     else:
-        example = ms.Tensor(np.zeros((batch_size, 3, height, width), np.float32))
+        example = ms.Tensor(np.zeros(shape, np.uint8 if pixels else np.float32))
     staged = os.path.join(staging, os.path.basename(file_name))
     ms.export(net, example, file_name=staged, file_format=file_format)
     return staged + FILE_FORMATS[file_format]
 
 
-def verify_export(net, path: str, *, batch_sizes: Sequence[int], height: int, width: int) -> Dict[str, float]:
-    """Run the exported file and the checkpoint network on the same seeded inputs (one per batch
-    size) and compare their logits over all samples."""
+def verify_export(net, path: str, *, batch_sizes: Sequence[int], height: int, width: int,
+                  normalization: Optional[Normalization] = None) -> Dict[str, float]:
+    """Run the exported file and the checkpoint network `net` (float input) on the same seeded
+    inputs (one per batch size) and compare their logits over all samples. With `normalization`
+    the file takes pixels: it gets seeded uint8 pixels, `net` the same pixels normalized on the host."""
     model = ExportedModel(path)
     references: List[np.ndarray] = []
     outputs: List[np.ndarray] = []
     for batch in batch_sizes:
-        inputs = seeded_input(batch, height, width, seed=0)
-        references.append(net(ms.Tensor(inputs)).asnumpy())
+        if normalization is None:
+            inputs = seeded_input(batch, height, width, seed=0)
+            references.append(net(ms.Tensor(inputs)).asnumpy())
+        else:
+            inputs = seeded_pixels(batch, height, width, seed=0)
+            references.append(net(ms.Tensor(host_normalize(inputs, normalization))).asnumpy())
         outputs.append(model.run(inputs))
     return compare_logits(np.concatenate(references), np.concatenate(outputs))
 
@@ -106,6 +128,9 @@ def check_quantize(cfg: Config, file_format: str, height: int, width: int) -> bo
         return False
     if quantize != "int8":
         raise UserInputError(f"unknown --quantize '{cfg.quantize}'; choose none or int8")
+    if cfg.export_input_stage:  # its calibration and int8 verification speak float NCHW only
+        raise UserInputError("--quantize int8 does not combine with --export_input_stage True; quantize "
+                             "the float-input export (--export_input_stage False)")
     if file_format != "ONNX":
         raise UserInputError(f"--quantize int8 needs --file_format ONNX (onnxruntime quantizes ONNX files), "
                              f"got {file_format}")
@@ -143,8 +168,9 @@ def calibration_batches(cfg: Config, *, batch_size: int, image_size: int) -> Tup
         raise UserInputError(f"--calibration_data: {err}") from None
 
     def batches() -> Iterator[np.ndarray]:
-        rows = dataset().create_tuple_iterator(output_numpy=True, num_epochs=1)
-        return (images for images, _ in itertools.islice(rows, num_batches))
+        data = dataset()
+        rows = data.create_tuple_iterator(output_numpy=True, num_epochs=1)
+        return (host_normalize(images, data.normalization) for images, _ in itertools.islice(rows, num_batches))
     return batches, num_batches
 
 
@@ -210,17 +236,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     target = os.path.abspath(file_name + FILE_FORMATS[file_format])
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
-    report = {"path": target, "file_format": file_format, "input_shape": [batch_size, 3, height, width],
-              "verified": False, "max_abs_diff": None, "top1_agreement": None, "max_abs_logit": None,
+    pixels = bool(cfg.export_input_stage)
+    normalization = normalization_of(cfg.dataset) if pixels else None
+    exported = WithInputStage(net, normalization) if pixels else net
+    exported.set_train(False)
+    report = {"path": target, "file_format": file_format, "input": "uint8 NHWC" if pixels else "float32 NCHW",
+              "input_shape": input_layout(batch_size, height, width, pixels), "verified": False, "max_abs_diff": None, "top1_agreement": None, "max_abs_logit": None,
               "tolerance": cfg.verify_tolerance if cfg.verify else None, "quantization": None}
-    shape_text = f"({'dynamic' if dynamic else batch_size}, 3, {height}, {width})"
+    dims = ["dynamic" if dynamic else batch_size] + report["input_shape"][1:]
+    shape_text = f"{report['input']} ({', '.join(map(str, dims))})"
     with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as staging:
-        staged = export_network(net, file_name=file_name, file_format=file_format, batch_size=batch_size,
-                                height=height, width=width, staging=staging)
+        staged = export_network(exported, file_name=file_name, file_format=file_format, batch_size=batch_size,
+                                height=height, width=width, staging=staging, pixels=pixels)
         if cfg.verify:
             batches = [cfg.batch_size] if not dynamic else \
                 sorted({min(cfg.batch_size, MAX_DYNAMIC_VERIFY_BATCH), 1}, reverse=True)
-            result = verify_export(net, staged, batch_sizes=batches, height=height, width=width)
+            result = verify_export(net, staged, batch_sizes=batches, height=height, width=width,
+                                   normalization=normalization)
             report.update(result)
             samples = sum(batches)
             print(f"verify: {file_format} file vs checkpoint network on seeded inputs of batch "

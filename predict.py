@@ -6,7 +6,9 @@
 Each image gets the evaluation transform of --dataset, exactly as eval.py feeds the network
 (imagenet2012: short side to --resize_size, default image_size / 0.875, center crop; cifar10:
 resize to image_size),
-and the dataset's normalization. image_size defaults to the model's input size.
+and the dataset's normalization: on the host for a float-input file, inside the model for one
+exported with --export_input_stage True (it gets the uint8 crops). image_size defaults to the
+model's input size.
 For each image one line shows its top-k classes with probabilities (softmax of the logits);
 the last line on stdout is one JSON object: {"model", "dataset", "image_size", "predictions":
 [{"path", "top_k": [{"index", "label", "probability"}, ...]}, ...]}.
@@ -25,7 +27,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from src.dataset import DATASETS, IMAGE_EXTENSIONS, preprocess_eval_image
+from src.data.host_stage import host_normalize, normalization_of
+from src.dataset import DATASETS, IMAGE_EXTENSIONS, eval_image
 from src.deploy.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
                                   softmax, top_k)
 from src.device import DEVICE_TARGETS, init_device
@@ -62,27 +65,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_image_size(model: ExportedModel, requested: int) -> int:
     """The square input side: the model's, or --image_size (which must agree with a known one)."""
-    known = model.input_shape
-    if known and known[2] != known[3]:
-        raise UserInputError(f"{model.path} takes {known[2]}x{known[3]} inputs; predict.py feeds square "
+    known = model.image_size
+    if known and known[0] != known[1]:
+        raise UserInputError(f"{model.path} takes {known[0]}x{known[1]} inputs; predict.py feeds square "
                              f"images (the eval transform): export with equal --height and --width")
     if requested < 0:
         raise UserInputError(f"--image_size must be positive, got {requested}")
-    if requested and known and requested != known[2]:
+    if requested and known and requested != known[0]:
         raise UserInputError(f"--image_size {requested} does not match {model.path}, which takes "
-                             f"{known[2]}x{known[3]} inputs; drop --image_size")
+                             f"{known[0]}x{known[1]} inputs; drop --image_size")
     if requested:
         return requested
     if known:
-        return known[2]
+        return known[0]
     raise UserInputError(f"cannot read the input size of {model.path}; pass --image_size")
 
 
 def load_image(path: str, dataset: str, image_size: int, resize_size: int = 0,
                interpolation: str = "bilinear") -> np.ndarray:
+    """One image file as a float-input file takes it: `load_pixels`, normalized (float32 CHW)."""
+    pixels = load_pixels(path, dataset, image_size, resize_size, interpolation)
+    return host_normalize(pixels[None], normalization_of(dataset))[0]
+
+
+def load_pixels(path: str, dataset: str, image_size: int, resize_size: int = 0,
+                interpolation: str = "bilinear") -> np.ndarray:
+    """One image file as the eval transform crops it: uint8 HWC RGB, before normalization."""
     try:
         with Image.open(path) as image:
-            return preprocess_eval_image(image, dataset, image_size, resize_size, interpolation)
+            return eval_image(image, dataset, image_size, resize_size, interpolation)
     except (OSError, ValueError) as err:
         raise UserInputError(f"cannot read image {path} ({err}); pass image files") from None
 
@@ -105,10 +116,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     image_size = resolve_image_size(model, args.image_size)
     # Chunk by chunk, so a folder of 50,000 images never sits in memory at once.
     chunk = args.batch_size * 16
+    normalization = normalization_of(args.dataset)
     logits = np.concatenate([
-        model.predict(np.stack([load_image(path, args.dataset, image_size, args.resize_size, args.interpolation)
-                                for path in paths[start:start + chunk]]),
-                      batch_size=args.batch_size)
+        model.predict_pixels(np.stack([load_pixels(path, args.dataset, image_size, args.resize_size,
+                                                   args.interpolation) for path in paths[start:start + chunk]]),
+                             normalization, batch_size=args.batch_size)
         for start in range(0, len(paths), chunk)])
     if names is not None and len(names) != logits.shape[1]:
         raise UserInputError(f"--labels {args.labels} has {len(names)} class names but the model has "

@@ -19,7 +19,8 @@ from mindspore.train import Model
 from src.config import Config, load_config, run_dir, save_config
 from src.data.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
 from src.data.image_decode import partial_decoder
-from src.dataset import Augmentation, create_dataset, create_eval_dataset, create_source, set_start_epoch
+from src.dataset import (Augmentation, create_dataset, create_eval_dataset, create_source, create_train_input_stage,
+                         set_start_epoch)
 from src.device import cap_workers, init_device
 from src.errors import UserInputError, run_cli
 from src.files import remove_stale_temporaries
@@ -69,8 +70,9 @@ def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *
     batch = cfg.batch_size * cfg.grad_accumulation_steps
     return create_dataset(cfg.dataset, cfg.data_path, training=True, batch_size=batch,
                           image_size=cfg.train_image_size, class_num=cfg.class_num,
-                          num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size,
-                          shard_id=rank, seed=cfg.seed, start_epoch=start_epoch, augmentation=data_recipe(cfg),
+                          num_parallel_workers=cfg.num_parallel_workers, worker_kind=cfg.data_worker_kind,
+                          num_shards=group_size, shard_id=rank, seed=cfg.seed, start_epoch=start_epoch,
+                          augmentation=data_recipe(cfg),
                           interpolation=cfg.interpolation, antialias=cfg.antialias,
                           skip_samples=skip_batches * batch,
                           bad_sample_file=os.path.join(folder, f"bad_samples_rank{rank}.tsv"),
@@ -201,8 +203,8 @@ def check_step_keys(cfg: Config) -> None:
 
 
 def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: int, group_size: int) -> Model:
-    """The training step around `net` (loss, mixed precision, loss scaling, accumulation, clipping,
-    optimizer, EMA), run by a Model."""
+    """The training step around `net` (the input stage, loss, mixed precision, loss scaling,
+    accumulation, clipping, optimizer, EMA), run by a Model."""
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
     loss = create_loss(num_classes=cfg.class_num,
@@ -215,7 +217,9 @@ def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: in
                        batch_size=cfg.batch_size, accumulation_steps=cfg.grad_accumulation_steps,
                        epochs=cfg.epoch_size, warmup_epochs=int(cfg.warmup_epochs),
                        steps_per_epoch=steps_per_epoch) if cfg.model_ema else None
+    input_stage = create_train_input_stage(cfg.dataset, data_recipe(cfg), cfg.class_num)
     step = TrainStep(NetWithLoss(mixed_precision_network(net, amp_level), loss), optimizer, net=net,
+                     input_stage=input_stage,
                      loss_scale=loss_scale_manager.get_loss_scale() if loss_scale_manager else 1.0,
                      scale_update=loss_scale_manager.get_update_cell() if loss_scale_manager else None,
                      accumulation_steps=cfg.grad_accumulation_steps, micro_batch=cfg.batch_size,
@@ -428,7 +432,7 @@ def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, write
         weights = best if found else f"the final weights of {folder}"
         log(f"report of {weights}: top-1 {result['top_1_accuracy']:.4f} top-5 {result['top_5_accuracy']:.4f} "
             f"ECE {result['ece']:.4f} on {result['samples']} images, in {os.path.join(folder, 'report')}")
-        save_report(os.path.join(folder, "report"), report, source=eval_dataset.source, num_classes=cfg.class_num,
+        save_report(os.path.join(folder, "report"), report, source=eval_dataset.sample_source, num_classes=cfg.class_num,
                     title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
 
 

@@ -1,17 +1,19 @@
 """One dataset factory for CIFAR-10 binary files and ImageNet-style class folders.
 
-The pipeline's randomness (sample order and augmentation) is a pure function of
-(seed, epoch, sample index): an `EpochSampler` hands out keys `(epoch * ra_reps + repeat) * N +
-index`, and the source derives each sample's crop, flip, policy and erasing box from that key; batch
-mixing draws from a generator keyed by the batch's first key. So a run resumed at epoch k sees
-exactly the data an uninterrupted run would, whatever the number of workers.
+Data workers build whole batches of uint8 RGB pixels (one hand-over per batch, 4x fewer bytes than
+float32); the network's first cell normalizes them and applies erasing and mixing
+(src/data/input_stage.py). The pipeline's randomness (sample order and augmentation) is a pure
+function of (seed, epoch, sample index): an `EpochSampler` hands out keys `(epoch * ra_reps +
+repeat) * N + index`, and the source derives each sample's crop, flip, policy and erasing box from
+that key; batch mixing draws from a generator keyed by the batch's first key. So a run resumed at
+epoch k sees exactly the data an uninterrupted run would, whatever the number or kind of workers.
 Sharding is done here too: eval shards split the samples exactly (nothing dropped or
 repeated); training shards are equal-sized slices of the epoch's permutation.
 """
-import functools
 import glob
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
@@ -24,9 +26,12 @@ import mindspore.dataset.vision as vision
 
 from src.data.auto_augment import create_policy, interpolation_mode
 from src.data.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
-from src.data.batch_mixing import check_mixing, mix_batch
+from src.data.batch_mixing import check_mixing, draw_mix
 from src.data.image_decode import crop_resize, open_image
-from src.data.random_erasing import erase, erase_box
+from src.data.host_stage import (  # noqa: F401 (statistics and normalization re-exported for callers of this face)
+    CIFAR_MEAN, CIFAR_STD, IMAGENET_MEAN, IMAGENET_STD, NO_MIX, host_normalize, normalization_of)
+from src.data.input_stage import TrainInputStage
+from src.data.random_erasing import erase_box
 from src.deploy.inference import read_class_names
 from src.device import worker_budget
 from src.errors import UserInputError
@@ -34,8 +39,6 @@ from src.errors import UserInputError
 DATASETS = ("cifar10", "imagenet2012", "flower_photos")
 # Class-folder datasets: the sub-folder each evaluates on (the model zoo's flower_photos has train/ and test/).
 EVAL_FOLDERS = {"imagenet2012": "val", "flower_photos": "test"}
-CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CIFAR_SIDE = 32
 CIFAR_RECORD_BYTES = 1 + CIFAR_SIDE * CIFAR_SIDE * 3
 # CIFAR-10's labels 0..9 (batches.meta.txt of the binary release), for a folder without that file
@@ -171,12 +174,30 @@ def _require_folder(path: str) -> None:
 
 
 def random_crop_flip(image: np.ndarray, rng: np.random.Generator, padding: int = 4) -> np.ndarray:
-    """CIFAR augmentation: zero-pad, crop back to the original size at random, flip half the time."""
+    """CIFAR augmentation: zero-pad, crop back to the original size at random, flip half the time
+    (a view of a per-thread padded buffer: copy it before the next call)."""
     height, width = image.shape[:2]
-    padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))
+    padded = _padded_buffer(height + 2 * padding, width + 2 * padding, image.shape[2])
+    padded[padding:padding + height, padding:padding + width] = image  # the border stays zero
     top, left = rng.integers(0, 2 * padding + 1, size=2)
     out = padded[top:top + height, left:left + width]
     return out[:, ::-1] if rng.random() < 0.5 else out
+
+
+class _PaddedBuffers(threading.local):
+    def __init__(self):
+        self.by_shape = {}
+
+
+_padded = _PaddedBuffers()
+
+
+def _padded_buffer(height: int, width: int, channels: int) -> np.ndarray:
+    """A zeroed buffer per thread and shape, reused (np.pad allocates and fills one per call)."""
+    shape = (height, width, channels)
+    if shape not in _padded.by_shape:
+        _padded.by_shape[shape] = np.zeros(shape, np.uint8)
+    return _padded.by_shape[shape]
 
 
 def random_resized_crop_box(width: int, height: int, rng: np.random.Generator,
@@ -214,15 +235,16 @@ def eval_resize_side(image_size: int, resize_size: int = 0) -> int:
     return resize_size or int(round(image_size / EVAL_CROP_RATIO))
 
 
-def folder_train_transform(image, size: int, rng: np.random.Generator,
-                           interpolation: str = "bilinear", antialias: bool = True) -> np.ndarray:
+def folder_train_transform(image, size: int, rng: np.random.Generator, interpolation: str = "bilinear",
+                           antialias: bool = True, out: Optional[np.ndarray] = None) -> np.ndarray:
     """ImageNet augmentation: random resized crop to size x size, flip half the time. The resize
     antialiases as Pillow does (bilinear: OpenCV's approximation of it) or, without `antialias`,
-    samples as the model zoo's native pipeline does (src/data/image_decode.py RESIZE_MODES)."""
+    samples as the model zoo's native pipeline does (src/data/image_decode.py RESIZE_MODES).
+    Written into `out` when given."""
     left, top, crop_w, crop_h = random_resized_crop_box(image.width, image.height, rng)
     array = crop_resize(image, (left, top, left + crop_w, top + crop_h), (size, size), pil_interpolation(interpolation),
-                        mode="fast" if antialias else "plain")
-    return cv2.flip(array, 1) if rng.random() < 0.5 else array
+                        mode="fast" if antialias else "plain", out=out)
+    return cv2.flip(array, 1, dst=array) if rng.random() < 0.5 else array
 
 
 def folder_eval_transform(image, size: int, resize_size: int = 0,
@@ -243,19 +265,18 @@ class AugmentedSource:
     """Random-access source over sample keys (index = key % N); augmentation seeded by (seed, key).
 
     Draws come in a fixed order from the sample's generator: crop and flip, then the policy, then
-    the erasing box. `to_input` turns the augmented uint8 image into the network's input. With
-    `batch_stage`, rows also carry the key and the box for the batch map.
+    the erasing box. `fill` writes a sample's uint8 HWC image into a batch slot and returns its
+    label and, with `batch_stage`, its erase box.
     With a `bad_samples` log, an unreadable sample (failing at open or at decode) is recorded and
     replaced by the next readable index, augmented as the key says: the replacement depends on the
     key alone, so resume stays exact. Without one, it is an error naming the file."""
 
-    def __init__(self, source, transform: Callable, to_input: Callable, augment: bool, seed: int, *,
+    def __init__(self, source, transform: Callable, augment: bool, seed: int, *,
                  policy: Optional[Callable] = None, erase_probability: float = 0.0, image_size: int = 0,
                  batch_stage: bool = False,
                  bad_samples: Optional[BadSampleLog] = None, keys_per_epoch: int = 0):
         self.source = source
         self.transform = transform
-        self.to_input = to_input
         self.augment = augment
         self.seed = seed
         self.policy = policy
@@ -268,18 +289,21 @@ class AugmentedSource:
     def __len__(self) -> int:
         return len(self.source)
 
-    def _sample(self, key: int, index: int):
-        rng = np.random.default_rng([self.seed, key]) if self.augment else None
-        image = self.transform(self.source.load(index), rng)
+    def _sample(self, key: int, index: int, out: np.ndarray):
+        rng = sample_generator(self.seed, key) if self.augment else None
+        image = self.transform(self.source.load(index), rng, out)
         if self.policy is not None and rng is not None:
             image = self.policy(np.ascontiguousarray(image), rng)
-        row = (self.to_input(image), self.source.labels[index])
+        if image is not out:
+            out[...] = image
+        label = self.source.labels[index]
         if not self.batch_stage:
-            return row
-        box = erase_box(self.image_size, self.image_size, rng, self.erase_probability)
-        return row + (np.int64(key), np.asarray(box, dtype=np.int32))
+            return label, None
+        return label, erase_box(self.image_size, self.image_size, rng, self.erase_probability)
 
-    def __getitem__(self, key: int):
+    def fill(self, key: int, out: np.ndarray):
+        """Write the sample of `key` into `out` (uint8, image_size x image_size x 3); returns its
+        label and, with `batch_stage`, its erase box (else None)."""
         key = int(key)
         total = len(self.source)
         first = key % total
@@ -287,7 +311,7 @@ class AugmentedSource:
             if index in self.known_bad:
                 continue
             try:
-                return self._sample(key, index)
+                return self._sample(key, index, out)
             except UNREADABLE_ERRORS as err:
                 if self.bad_samples is None:
                     raise UserInputError(f"cannot read {sample_name(self.source, index)} ({reason_of(err)}); "
@@ -297,23 +321,101 @@ class AugmentedSource:
                                      reason_of(err))
         raise UserInputError("no readable sample in the dataset; check the image files")
 
+    def __getitem__(self, key: int):
+        """(image, label[, erase box]) of `key`, the image in a buffer of its own."""
+        image = np.empty((self.image_size, self.image_size, 3), np.uint8)
+        label, box = self.fill(key, image)
+        return (image, label) if box is None else (image, label, box)
 
-class BatchStage:
-    """The batch map of the training recipe: erase each sample's box (after normalization), then
-    mix the batch with a generator keyed by (seed, the batch's first sample key)."""
 
-    def __init__(self, augmentation: Augmentation, num_classes: int, seed: int):
-        self.augmentation, self.num_classes, self.seed = augmentation, num_classes, seed
+def sample_generator(seed: int, key: int) -> np.random.Generator:
+    """The generator of one sample's draws: Philox keyed by (seed, key), its streams independent
+    across keys. One generator per thread is re-keyed for each sample (5x cheaper than building
+    one), so use it before the next call in the same thread."""
+    generator = _generators.philox
+    generator.bit_generator.state = {"bit_generator": "Philox",
+                                     "state": {"counter": np.zeros(4, np.uint64),
+                                               "key": np.array([seed & _WORD, key], np.uint64)},
+                                     "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0,
+                                     "uinteger": 0}
+    return generator
 
-    def __call__(self, images, labels, keys, boxes, batch_info=None):
-        images = erase(np.stack(images), np.stack(boxes))
-        labels = np.asarray(labels)
+
+class _Generators(threading.local):
+    def __init__(self):
+        self.philox = np.random.Generator(np.random.Philox(key=0))
+
+
+_generators = _Generators()
+_WORD = (1 << 64) - 1  # Philox keys are unsigned 64-bit words
+
+
+class BatchSource:
+    """Whole batches by batch number (`epoch * batches_per_epoch + position`), so a worker hands
+    over one batch at a time: uint8 NHWC images and int32 labels, plus, for the training recipe's
+    batch stage, each sample's erase box (int32 [B, 4]) and the batch's mixing (float32 [8],
+    src/data/input_stage.py MIX_FIELDS) drawn from a generator keyed by (seed, the batch's first
+    key). The batch's keys come from `sampler.epoch_keys`, so any worker computes any batch."""
+
+    def __init__(self, samples: AugmentedSource, sampler: "EpochSampler", batch_size: int, batches_per_epoch: int,
+                 *, augmentation: "Augmentation", batch_stage: bool, seed: int):
+        self.samples, self.sampler = samples, sampler
+        self.batch_size, self.batches_per_epoch = batch_size, batches_per_epoch
+        self.augmentation, self.batch_stage, self.seed = augmentation, batch_stage, seed
+        self._epoch, self._keys = None, None
+        self._process = None
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def batch_keys(self, number: int) -> np.ndarray:
+        """The sample keys of batch `number`."""
+        epoch, position = divmod(number, self.batches_per_epoch)
+        if epoch != self._epoch:
+            self._epoch, self._keys = epoch, self.sampler.epoch_keys(epoch)[self.sampler.skip:]
+        return self._keys[position * self.batch_size:(position + 1) * self.batch_size]
+
+    def __getitem__(self, number: int):
+        if self._process != os.getpid():
+            # Each worker is one thread of work: OpenCV's own threads would only oversubscribe
+            # the cores the other workers and the training process use.
+            cv2.setNumThreads(1)
+            self._process = os.getpid()
+        keys = self.batch_keys(int(number))
+        size = self.samples.image_size
+        images = np.empty((len(keys), size, size, 3), np.uint8)
+        labels = np.empty(len(keys), np.int32)
+        boxes = np.empty((len(keys), 4), np.int32)
+        for slot, key in enumerate(keys):
+            labels[slot], box = self.samples.fill(key, images[slot])
+            if box is not None:
+                boxes[slot] = box
+        if not self.batch_stage:
+            return images, labels
+        mix = NO_MIX.copy()
         if self.augmentation.mixes:
             rng = np.random.default_rng([self.seed, MIXING_STREAM, int(keys[0])])
-            images, labels = mix_batch(images, labels, rng, num_classes=self.num_classes,
-                                       mixup_alpha=self.augmentation.mixup_alpha,
-                                       cutmix_alpha=self.augmentation.cutmix_alpha)
-        return images, labels
+            mix = draw_mix(rng, size, size, mixup_alpha=self.augmentation.mixup_alpha,
+                           cutmix_alpha=self.augmentation.cutmix_alpha)
+        return images, labels, boxes, mix
+
+
+class BatchSampler(ds.Sampler):
+    """Batch numbers for a BatchSource; each call to iter() is the next epoch of `sampler`."""
+
+    def __init__(self, sampler: "EpochSampler", batch_size: int, drop_remainder: bool):
+        self.sampler = sampler
+        samples = len(sampler)
+        self.batches_per_epoch = samples // batch_size if drop_remainder else -(-samples // batch_size)
+        super().__init__()  # reads len(self)
+
+    def __iter__(self):
+        epoch = self.sampler.epoch
+        self.sampler.epoch += 1
+        yield from range(epoch * self.batches_per_epoch, (epoch + 1) * self.batches_per_epoch)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
 
 
 class EpochSampler(ds.Sampler):
@@ -372,63 +474,58 @@ class EpochSampler(ds.Sampler):
 
 def _transform(dataset: str, image_size: int, resize_size: int = 0, interpolation: str = "bilinear",
                antialias: bool = True) -> Callable:
-    """The per-sample (Python) transform of `dataset`; it gets rng=None when augmentation is off."""
+    """The per-sample (Python) transform of `dataset` to a uint8 HWC image of image_size x
+    image_size (possibly written into `out`); it gets rng=None when augmentation is off."""
     if dataset == "cifar10":
-        def transform(image, rng):
-            return image if rng is None else random_crop_flip(image, rng)
+        def transform(image, rng, out=None):
+            return fit_size(image if rng is None else random_crop_flip(image, rng), image_size, interpolation)
         return transform
 
-    def transform(image, rng):
+    def transform(image, rng, out=None):
         if rng is None:
             return folder_eval_transform(image, image_size, resize_size, interpolation)
-        return folder_train_transform(image, image_size, rng, interpolation, antialias)
+        return folder_train_transform(image, image_size, rng, interpolation, antialias, out=out)
     return transform
 
 
-@functools.lru_cache(maxsize=None)
-def _blob_params(mean: Tuple[float, ...], std: Tuple[float, ...]):
-    return cv2.dnn.Image2BlobParams(scalefactor=tuple(1 / (255 * s) for s in std) + (0,),
-                                    mean=tuple(255 * m for m in mean) + (0,), ddepth=cv2.CV_32F,
-                                    datalayout=cv2.dnn.DNN_LAYOUT_NCHW)
-
-
-def network_input(image: np.ndarray, dataset: str, image_size: int, interpolation: str = "bilinear") -> np.ndarray:
-    """An RGB uint8 HWC image as the network takes it: resized to image_size x image_size where it
-    has another size (CIFAR only: folder transforms already give that size), normalized with the
-    dataset's mean and std, float32 CHW. One OpenCV call does the normalization and the transpose
-    (2.5x MindSpore's Normalize + HWC2CHW on a 224px image)."""
+def fit_size(image: np.ndarray, image_size: int, interpolation: str = "bilinear") -> np.ndarray:
+    """An RGB uint8 HWC image resized to image_size x image_size where it has another size (CIFAR
+    at a network size other than 32; folder transforms already give that size)."""
     if image.shape[:2] != (image_size, image_size):
-        image = vision.Resize((image_size, image_size), interpolation_mode(interpolation))(image)
-    mean, std = (CIFAR_MEAN, CIFAR_STD) if dataset == "cifar10" else (IMAGENET_MEAN, IMAGENET_STD)
-    return cv2.dnn.blobFromImageWithParams(np.ascontiguousarray(image), _blob_params(mean, std))[0]
+        resize = vision.Resize((image_size, image_size), interpolation_mode(interpolation))
+        return resize(np.ascontiguousarray(image))
+    return image
 
 
-def preprocess_eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: int = 0,
-                          interpolation: str = "bilinear") -> np.ndarray:
-    """One image as evaluation feeds it to the network: float32 CHW, normalized (for prediction).
+def eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: int = 0,
+               interpolation: str = "bilinear") -> np.ndarray:
+    """One image as evaluation crops it, before normalization: RGB uint8 HWC, what the dataset's
+    evaluation batches hold (for prediction; host_normalize gives a float model's input).
 
     The steps of `create_dataset(..., training=False)`, with the same operations: 'imagenet2012'
     applies the eval transform (short side to `resize_size`, default image_size / 0.875, center
     crop); 'cifar10' resizes to image_size x image_size unless the image already has that size
-    (CIFAR evaluates without a crop); then the dataset's normalization."""
+    (CIFAR evaluates without a crop)."""
     if dataset not in DATASETS:
         raise UserInputError(f"unknown dataset '{dataset}'; choose one of {', '.join(DATASETS)}")
     image = image.convert("RGB")
     if dataset == "cifar10":
-        array = np.asarray(image)
-    else:
-        array = _transform(dataset, image_size, resize_size, interpolation)(image, None)
-    return network_input(array, dataset, image_size, interpolation)
+        return fit_size(np.asarray(image), image_size, interpolation)
+    return _transform(dataset, image_size, resize_size, interpolation)(image, None)
 
 
-def _source_workers(dataset: str, num_parallel_workers: int) -> dict:
-    """How the Python source runs. CIFAR samples are array slices: one thread is fastest (more
-    only contend for the GIL; 3,800 vs 2,500 img/s measured). Folder samples are JPEG decodes and
-    resizes: worker processes, for hosts with cores to spare (on 2 cores a second worker added
-    nothing, threads or processes: README "ImageNet input pipeline")."""
-    if dataset == "cifar10" or num_parallel_workers <= 1:
+WORKER_KINDS = ("process", "thread")
+
+
+def _source_workers(num_parallel_workers: int, worker_kind: str) -> dict:
+    """How the batch source runs: one worker is a thread of the training process; more are
+    worker processes (or threads: JPEG decoding and OpenCV release the GIL, the Python glue
+    around them does not). Batches are the same either way: they depend on their keys only."""
+    if worker_kind not in WORKER_KINDS:
+        raise UserInputError(f"unknown data_worker_kind '{worker_kind}'; choose one of {', '.join(WORKER_KINDS)}")
+    if num_parallel_workers <= 1:
         return {"num_parallel_workers": 1, "python_multiprocessing": False}
-    return {"num_parallel_workers": num_parallel_workers, "python_multiprocessing": True}
+    return {"num_parallel_workers": num_parallel_workers, "python_multiprocessing": worker_kind == "process"}
 
 
 def create_source(dataset: str, data_path: str, training: bool):
@@ -442,21 +539,25 @@ def create_source(dataset: str, data_path: str, training: bool):
 
 
 def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: int, image_size: int,
-                   class_num: Optional[int] = None, num_parallel_workers: int = 2, num_shards: int = 1,
-                   shard_id: int = 0, seed: int = 1, start_epoch: int = 0,
+                   class_num: Optional[int] = None, num_parallel_workers: int = 2, worker_kind: str = "process",
+                   num_shards: int = 1, shard_id: int = 0, seed: int = 1, start_epoch: int = 0,
                    shuffle: Optional[bool] = None, augment: Optional[bool] = None,
                    augmentation: Augmentation = PLAIN, interpolation: str = "bilinear",
                    resize_size: int = 0, antialias: bool = True, bad_sample_file: Optional[str] = None,
                    max_bad_samples: int = -1,
                    skip_samples: int = 0) -> ds.Dataset:
-    """A batched dataset of (image float32 CHW normalized, label int32 - or float32 soft targets
-    [batch, class_num] when `augmentation` mixes batches).
+    """A dataset of whole batches: (images uint8 [B, H, W, 3] RGB, labels int32 [B]), plus (erase
+    boxes int32 [B, 4], mix float32 [8]) when `augmentation` erases or mixes. The network's first
+    cell turns them into its input (src/data/input_stage.py; `data.normalization` says with which
+    statistics).
 
     Training drops the last partial batch; evaluation keeps every sample exactly once.
     `shuffle` and `augment` default to `training`; `augmentation` (the recipe beyond crop and flip)
-    applies only where `augment` is on. `interpolation` (bilinear, bicubic, nearest) drives every
-    resize and geometric operation; `resize_size` is evaluation's short side (0: image_size / 0.875);
-    `antialias` off resizes training crops without antialiasing (the model zoo's way, faster).
+    applies only where `augment` is on. `num_parallel_workers` workers build whole batches, as
+    processes or threads (`worker_kind`); the batches do not depend on either.
+    `interpolation` (bilinear, bicubic, nearest) drives every resize and geometric operation;
+    `resize_size` is evaluation's short side (0: image_size / 0.875); `antialias` off resizes
+    training crops without antialiasing (the model zoo's way, faster).
     With `bad_sample_file`, unreadable samples are recorded there and replaced, up to
     `max_bad_samples` distinct files (-1: 0.1% of the dataset); the log is `data.bad_samples`.
     `skip_samples` leaves out the first samples of every epoch (for the rest of an interrupted
@@ -469,8 +570,8 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
                            interpolation=interpolation)
     if augmentation.mixes and class_num is None:
         raise UserInputError("mixup/cutmix need class_num for their soft targets; set --class_num")
+    workers = _source_workers(worker_budget(num_parallel_workers), worker_kind)  # entry points cap (and log) per rank
     source = create_source(dataset, data_path, training)
-    num_parallel_workers = worker_budget(num_parallel_workers)  # entry points cap (and log) per rank first
     if class_num is not None and source.labels.max() >= class_num:
         raise UserInputError(f"{data_path} has label {int(source.labels.max())} but class_num is "
                              f"{class_num}; set --class_num to the number of classes")
@@ -482,27 +583,30 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
         raise UserInputError(f"{data_path} gives {len(sampler)} samples to this shard, fewer than one "
                              f"batch of {batch_size}; lower batch_size or add data")
     batch_stage = augmentation.needs_batch_stage
-    columns = ["image", "label"] + (["key", "erase"] if batch_stage else [])
     bad_samples = None
     if bad_sample_file:
         bad_samples = BadSampleLog(bad_sample_file, bad_sample_limit(max_bad_samples, len(source)))
-    source_rows = AugmentedSource(source, _transform(dataset, image_size, resize_size, interpolation, antialias),
-                                  functools.partial(network_input, dataset=dataset, image_size=image_size,
-                                                    interpolation=interpolation),
-                                  augment, seed, policy=policy, image_size=image_size,
-                                  erase_probability=augmentation.random_erase, batch_stage=batch_stage,
-                                  bad_samples=bad_samples, keys_per_epoch=len(source) * sampler.repeats)
-    data = ds.GeneratorDataset(source_rows, columns, sampler=sampler, **_source_workers(dataset, num_parallel_workers))
-    if batch_stage:
-        data = data.batch(batch_size, drop_remainder=training, input_columns=columns,
-                          output_columns=["image", "label"],
-                          per_batch_map=BatchStage(augmentation, class_num or 0, seed))
-    else:
-        data = data.batch(batch_size, drop_remainder=training)
+    samples = AugmentedSource(source, _transform(dataset, image_size, resize_size, interpolation, antialias),
+                              augment, seed, policy=policy, image_size=image_size,
+                              erase_probability=augmentation.random_erase, batch_stage=batch_stage,
+                              bad_samples=bad_samples, keys_per_epoch=len(source) * sampler.repeats)
+    batches = BatchSampler(sampler, batch_size, drop_remainder=training)
+    columns = ["image", "label"] + (["erase", "mix"] if batch_stage else [])
+    data = ds.GeneratorDataset(BatchSource(samples, sampler, batch_size, batches.batches_per_epoch,
+                                           augmentation=augmentation, batch_stage=batch_stage, seed=seed),
+                               columns, sampler=batches, **workers)
     data.epoch_sampler = sampler
-    data.source = source  # class names and sample files, for reports
+    data.sample_source = source  # class names and sample files, for reports (GeneratorDataset owns `source`)
     data.bad_samples = bad_samples
+    data.normalization = normalization_of(dataset)
     return data
+
+
+def create_train_input_stage(dataset: str, augmentation: Augmentation, class_num: int) -> TrainInputStage:
+    """The training graph's first cell for the batches of `create_dataset(dataset, training=True,
+    augmentation=augmentation)`: normalization, then erasing and mixing where the recipe has them."""
+    return TrainInputStage(normalization_of(dataset), batch_stage=augmentation.needs_batch_stage,
+                           mixes=augmentation.mixes, num_classes=class_num)
 
 
 def set_start_epoch(data: ds.Dataset, epoch: int) -> None:
@@ -515,5 +619,6 @@ def create_eval_dataset(cfg, *, rank: int = 0, group_size: int = 1) -> ds.Datase
     data_path's test_batch.bin or val/ folder, split exactly across `group_size` ranks."""
     return create_dataset(cfg.dataset, cfg.eval_dataset_path or cfg.data_path, training=False,
                           batch_size=cfg.batch_size, image_size=cfg.eval_image_size, class_num=cfg.class_num,
-                          num_parallel_workers=cfg.num_parallel_workers, num_shards=group_size, shard_id=rank,
+                          num_parallel_workers=cfg.num_parallel_workers, worker_kind=cfg.data_worker_kind,
+                          num_shards=group_size, shard_id=rank,
                           interpolation=cfg.interpolation, resize_size=cfg.eval_resize_size)

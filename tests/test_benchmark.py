@@ -10,12 +10,13 @@ def test_benchmark_writes_every_field(tmp_path):
     report_path = tmp_path / "bench.json"
     result = run([PYTHON, "benchmark.py", "--net", "resnet18", "--batch_size", "2", "--image_size", "32",
                   "--steps", "1", "--repeats", "1", "--calls", "2", "--vs-torch", "--photos", "6",
-                  "--photo_batch", "3", "--json", str(report_path)])
+                  "--ceiling_images", "12", "--photo_batch", "3", "--json", str(report_path)])
     assert result.returncode == 0, result.stderr[-3000:]
     written = json.loads(report_path.read_text())
     (report,) = written["reports"]
     assert {report["net"], report["batch_size"], report["image_size"]} == {"resnet18", 2, 32}
-    for framework in ("mindspore", "torch", "onnxruntime", "onnxruntime_int8"):
+    for framework in ("mindspore", "torch", "onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels",
+                      "onnxruntime_int8"):
         measured = report[framework]
         assert measured["compile_s"] >= 0
         assert framework.startswith("onnxruntime") == ("train_compute_img_per_s" not in measured)
@@ -32,7 +33,9 @@ def test_benchmark_writes_every_field(tmp_path):
                                      "eval_batch_2_mindspore_over_torch", "eval_batch_1_onnxruntime_over_mindspore",
                                      "eval_batch_1_onnxruntime_over_torch", "eval_batch_2_onnxruntime_over_mindspore",
                                      "eval_batch_2_onnxruntime_over_torch"} | {
-        f"eval_batch_{n}_onnxruntime_int8_over_{other}" for n in (1, 2) for other in ("mindspore", "torch", "onnxruntime")}
+        f"eval_batch_{n}_onnxruntime_int8_over_{other}" for n in (1, 2) for other in ("mindspore", "torch", "onnxruntime")
+    } | {f"eval_batch_{n}_onnxruntime_pixels_over_{other}" for n in (1, 2)
+         for other in ("onnxruntime", "onnxruntime_hostnorm")}
     assert report["ratios"]["eval_batch_2_onnxruntime_int8_over_onnxruntime"] == round(
         report["onnxruntime_int8"]["eval_batch_2"]["img_per_s"] / report["onnxruntime"]["eval_batch_2"]["img_per_s"], 3)
     model, measured = report["model"], report["mindspore"]  # the model summary beside the speeds
@@ -41,19 +44,27 @@ def test_benchmark_writes_every_field(tmp_path):
              for label in ("eval_batch_1", "eval_batch_2")}
     assert model["achieved_gflop_per_s"] == {
         "train": round(model["gflops"] * 3 * measured["train_compute_img_per_s"], 2), **evals}
-    pipelines = written["imagenet_pipelines"]
-    assert pipelines["files"]["files"] == 6 and pipelines["batch_size"] == 3 and pipelines["image_size"] == 224
-    assert pipelines["files"]["mean_file_kb"] > 20 and pipelines["files"]["pil_decode_ms"] > 0
+    pipelines = written["input_pipelines"]
+    assert pipelines["batch_size"] == 3 and pipelines["image_size"] == 224
+    assert {name: pipelines["files"][name]["files"] for name in ("tiny", "photos", "real")} == {
+        "tiny": 12, "photos": 6, "real": 6}
+    assert pipelines["files"]["photos"]["mean_file_kb"] > 20 and pipelines["files"]["real"]["pil_decode_ms"] > 0
     assert pipelines["decoder"] == "libjpeg-turbo partial"  # scripts/setup_env.sh built it
-    assert [(row["cores"], row["workers"]) for row in pipelines["rows"]][0] == (1, 1)  # the per-core row first
-    for row in pipelines["rows"]:
-        rates = [row[f"{name}_{phase}"] for name in ("ours", "native") for phase in ("train", "eval")]
-        assert all(rate > 0 for rate in rates + [row["plain_train"]])
-        assert row["train_ours_over_native"] == round(row["ours_train"] / row["native_train"], 3)
-        assert row["train_plain_over_native"] == round(row["plain_train"] / row["native_train"], 3)
-        assert row["eval_ours_over_native"] == round(row["ours_eval"] / row["native_eval"], 3)
-        assert row["recipe_train"] > 0
-        assert row["recipe_cost_over_plain"] == round(row["ours_train"] / row["recipe_train"], 3)
+    rows = pipelines["rows"]
+    assert [(row["cores"], row["workers"]) for row in rows][0] == (1, 1)  # the per-core row first
+    expected = {"ceiling": {"ours", "v2", "native"}, "photos": {"ours_train", "no_aa_train", "v2_train", "native_train",
+                                                                 "ours_eval", "native_eval"},
+                "real": {"ours_train", "native_train", "ours_eval", "native_eval"}, "cifar": {"ours", "v2", "native"}}
+    for row, ratios in zip(rows, pipelines["ratios"]):
+        threads = {"ours_threads"} if row["workers"] > 1 else set()
+        assert {case: set(row[case]) for case in expected} == {**expected, "ceiling": expected["ceiling"] | threads}
+        assert all(m["img_per_s"] > 0 and m["main_cpu_us"] > 0 for case in expected for m in row[case].values())
+        assert ratios["real_train"] == round(row["real"]["ours_train"]["img_per_s"] /
+                                             row["real"]["native_train"]["img_per_s"], 3)
+        assert ratios["ceiling_v2"] == round(row["ceiling"]["v2"]["img_per_s"] / row["ceiling"]["native"]["img_per_s"], 3)
+    card = pipelines["cores_per_card"]
+    assert card["card_img_per_s"] == 2170
+    assert card["real_photos"] == round(2170 / rows[0]["real"]["ours_train"]["img_per_s"], 1)
 
 
 @pytest.mark.parametrize("args", [["--net", "resnet99"], ["--batch_size", "0"],

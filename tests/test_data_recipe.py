@@ -7,15 +7,17 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import mindspore as ms
 from mindspore import Tensor
 from PIL import Image
 
 from conftest import PYTHON, REPO, run
 from src.data.auto_augment import (AUGMIX_OPS, BASIC_OPS, POLICIES, TrivialAugmentWide, apply_op, create_policy,
                                    magnitude_bins, ops_in)
-from src.data.batch_mixing import cutmix, cutmix_box, mix_batch, one_hot
+from src.data.batch_mixing import draw_mix, mix_batch, one_hot
+from src.data.host_stage import IMAGENET_MEAN, IMAGENET_STD, host_mix, host_normalize, normalization_of
 from src.data.random_erasing import erase, erase_box
-from src.dataset import Augmentation, EpochSampler, create_dataset, folder_eval_transform
+from src.dataset import Augmentation, EpochSampler, create_dataset, create_train_input_stage, folder_eval_transform
 from src.errors import UserInputError
 from src.loss import CrossEntropySmooth
 
@@ -98,6 +100,59 @@ def test_autocontrast_stretches_each_channel_and_enhance_ops_scale():
     np.testing.assert_array_equal(apply_op(flat, "Contrast", 0.9), flat)  # contrast of flat is flat
 
 
+
+def torchvision_blend(image, degenerate, factor):
+    return np.clip(factor * image.astype(np.float64) + (1 - factor) * degenerate, 0, 255)
+
+
+def test_enhance_ops_follow_torchvision_blend_formulas():
+    image = noise_image(12, 10)
+    gray = np.rint(image.astype(np.float64) @ [0.299, 0.587, 0.114])  # ITU-R 601-2 luma, rounded
+    padded = np.pad(image.astype(np.float64), ((1, 1), (1, 1), (0, 0)))
+    # PIL's SMOOTH kernel: the 3x3 sum with the center counted 5 times
+    smooth = sum(padded[1 + dy:13 + dy, 1 + dx:11 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+    smooth += 4 * padded[1:-1, 1:-1]
+    blurred = image.astype(np.float64)
+    blurred[1:-1, 1:-1] = np.rint(smooth[1:-1, 1:-1] / 13)  # torchvision smooths the interior only
+    for magnitude in (0.6, -0.7):
+        factor = 1 + magnitude
+        wants = {"Brightness": torchvision_blend(image, 0, factor),
+                 "Color": torchvision_blend(image, gray[..., None], factor),
+                 "Contrast": torchvision_blend(image, np.rint(gray.mean()), factor),
+                 "Sharpness": torchvision_blend(image, blurred, factor)}
+        for name, want in wants.items():
+            assert np.abs(apply_op(image, name, magnitude) - want).max() <= 1, name
+    sharpened = apply_op(image, "Sharpness", 0.9)
+    for edge in (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1]):
+        np.testing.assert_array_equal(sharpened[edge], image[edge])
+    flat = np.full((8, 8, 3), 77, np.uint8)
+    np.testing.assert_array_equal(apply_op(flat, "Sharpness", -0.9), flat)
+
+
+def test_equalize_and_autocontrast_match_pil():
+    from PIL import ImageOps
+    for image in (noise_image(), (noise_image(30, 17, seed=2) // 5 + 60).astype(np.uint8)):
+        np.testing.assert_array_equal(apply_op(image, "Equalize", 0), ImageOps.equalize(Image.fromarray(image)))
+        want = np.asarray(ImageOps.autocontrast(Image.fromarray(image))).astype(int)
+        assert np.abs(apply_op(image, "AutoContrast", 0) - want).max() <= 1  # PIL's float table: off by 1 rarely
+
+
+def test_every_op_returns_a_fresh_uint8_image_of_the_same_shape():
+    from mindspore.dataset.vision import Inter
+    image = noise_image(17, 23)
+    original = image.copy()
+    for name in BASIC_OPS[1:] + ("Invert",):
+        for interpolation in (Inter.NEAREST, Inter.BILINEAR, Inter.BICUBIC):
+            out = apply_op(image, name, 5 if name == "Posterize" else 0.5, interpolation)
+            assert out.dtype == np.uint8 and out.shape == image.shape and out.flags.c_contiguous, name
+            assert out is not image, name
+    np.testing.assert_array_equal(image, original)  # the input is never written to
+    assert not apply_op(image, "TranslateX", -23.0).any()  # shifted out entirely
+    np.testing.assert_array_equal(apply_op(RAMP, "Solarize", 100.5), np.where(RAMP >= 101, 255 - RAMP, RAMP))
+    rotated = apply_op(image, "Rotate", 30.0, create_nearest())  # nearest picks input pixels (or the fill)
+    assert {tuple(p) for p in rotated.reshape(-1, 3)} <= {tuple(p) for p in image.reshape(-1, 3)} | {(0, 0, 0)}
+    assert not np.array_equal(apply_op(image, "Rotate", 30.0, Inter.BILINEAR), rotated)
+
 def test_magnitude_bins_follow_the_definitions():
     standard, wide = magnitude_bins("standard", 31, 331, 331), magnitude_bins("wide", 31, 224, 224)
     assert standard["Rotate"][-1] == 30 and wide["Rotate"][-1] == 135
@@ -177,11 +232,9 @@ def test_mixed_targets_are_distributions_weighted_like_the_pixels(mixup_alpha, c
 
 
 def test_cutmix_lambda_is_the_pasted_area():
-    rng = np.random.default_rng(3)
-    for _ in range(50):
-        lam = float(rng.beta(1.0, 1.0))
-        box = cutmix_box(16, 12, lam, rng)
-        images, targets = cutmix(constant_batch(4, 16)[..., :12], one_hot(np.arange(4), 4), box)
+    for key in range(50):
+        mix = draw_mix(np.random.default_rng(key), 16, 12, mixup_alpha=0.0, cutmix_alpha=1.0)
+        images, targets = host_mix(constant_batch(4, 16)[..., :12], one_hot(np.arange(4), 4), mix)
         pasted = (images[1, 0] == 0).mean()  # image 1 receives image 0's pixels
         assert targets[1, 0] == pytest.approx(pasted) and targets[1, 1] == pytest.approx(1 - pasted)
 
@@ -220,28 +273,30 @@ def test_repeated_augmentation_spreads_copies_over_ranks_with_distinct_keys():
 
 # ---------------------------------------------------------------- the pipeline, keyed
 
-def recipe_batches(path, workers, augmentation=FULL_RECIPE, epochs=1, start_epoch=0):
+def recipe_batches(path, workers, augmentation=FULL_RECIPE, epochs=1, start_epoch=0, worker_kind="process"):
     data = create_dataset("imagenet2012", str(path), training=True, batch_size=8, image_size=32, class_num=10,
-                          num_parallel_workers=workers, seed=11, augmentation=augmentation, start_epoch=start_epoch)
+                          num_parallel_workers=workers, worker_kind=worker_kind, seed=11, augmentation=augmentation,
+                          start_epoch=start_epoch)
     it = data.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
-    return [[(images, labels) for images, labels in it] for _ in range(epochs)]
+    return [[tuple(row) for row in it] for _ in range(epochs)]
 
 
 def digest(epochs) -> str:
     h = hashlib.sha256()
     for epoch in epochs:
-        for images, labels in epoch:
-            h.update(images.tobytes())
-            h.update(labels.tobytes())
+        for row in epoch:
+            for column in row:
+                h.update(column.tobytes())
     return h.hexdigest()
 
 
 def test_full_recipe_batches_are_keyed_across_workers_restarts_and_resume(folder_dir):
     two_epochs = recipe_batches(folder_dir, workers=1, epochs=2)
-    images, labels = two_epochs[0][0]
-    assert images.shape == (8, 3, 32, 32) and labels.shape == (8, 10) and labels.dtype == np.float32
-    np.testing.assert_allclose(labels.sum(axis=1), 1.0, atol=1e-6)
-    assert digest(recipe_batches(folder_dir, workers=2, epochs=2)) == digest(two_epochs)  # worker processes
+    images, labels, boxes, mix = two_epochs[0][0]
+    assert images.shape == (8, 32, 32, 3) and images.dtype == np.uint8 and labels.dtype == np.int32
+    assert boxes.shape == (8, 4) and mix.shape == (8,)
+    for kind in ("process", "thread"):  # two workers: same batches, whichever kind
+        assert digest(recipe_batches(folder_dir, workers=2, epochs=2, worker_kind=kind)) == digest(two_epochs), kind
     assert digest(recipe_batches(folder_dir, workers=1, start_epoch=1)) == digest(two_epochs[1:])  # resume
     code = ("import sys, json; sys.path.insert(0, 'tests'); from test_data_recipe import recipe_batches, digest; "
             f"print(json.dumps(digest(recipe_batches({str(folder_dir)!r}, workers=1, epochs=2))))")
@@ -249,7 +304,32 @@ def test_full_recipe_batches_are_keyed_across_workers_restarts_and_resume(folder
     assert restarted.returncode == 0, restarted.stderr[-2000:]
     assert json.loads(restarted.stdout.strip().splitlines()[-1]) == digest(two_epochs)
     plain = recipe_batches(folder_dir, workers=1, augmentation=Augmentation())
-    assert plain[0][0][1].dtype == np.int32  # without mixing the labels stay integers
+    assert len(plain[0][0]) == 2  # without erasing or mixing: images and labels only
+
+
+def test_the_graph_input_stage_computes_what_the_host_would(folder_dir):
+    """Normalization, each sample's erase box and the batch's mixing, in the GRAPH-mode cell the
+    training step runs first, against the same steps in numpy (and normalization against the
+    float64 formula, as the host pipeline computed it before the stage moved into the graph)."""
+    (epoch,) = recipe_batches(folder_dir, workers=1)
+    assert {int(mix[0] < 1) for *_, mix in epoch} == {0, 1} and any(mix[6] > 0 for *_, mix in epoch)  # both kinds
+    assert any(boxes[:, 2].any() for _, _, boxes, _ in epoch)
+    stage = create_train_input_stage("imagenet2012", FULL_RECIPE, 10)
+    normalization = normalization_of("imagenet2012")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        for images, labels, boxes, mix in epoch:
+            got_images, got_targets = stage(Tensor(images), Tensor(labels), Tensor(boxes), Tensor(mix))
+            normalized = host_normalize(images, normalization)
+            exact = (images.transpose(0, 3, 1, 2) - 255 * np.array(IMAGENET_MEAN)[:, None, None]) / \
+                (255 * np.array(IMAGENET_STD)[:, None, None])
+            np.testing.assert_allclose(normalized, exact, rtol=0, atol=1e-6)
+            want_images, want_targets = host_mix(erase(normalized, boxes), one_hot(labels, 10), mix)
+            np.testing.assert_allclose(got_images.asnumpy(), want_images, rtol=0, atol=1e-6)
+            np.testing.assert_allclose(got_targets.asnumpy(), want_targets, rtol=0, atol=1e-7)
+            np.testing.assert_allclose(want_targets.sum(axis=1), 1.0, atol=1e-6)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 def test_eval_resize_size_sets_the_short_side_before_the_crop():

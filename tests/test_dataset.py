@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from src.dataset import (CIFAR_MEAN, CIFAR_RECORD_BYTES, CIFAR_STD, EpochSampler, ImageFolderSource,
-                         create_dataset, create_source, folder_eval_transform, preprocess_eval_image,
+                         create_dataset, create_source, eval_image, folder_eval_transform, host_normalize,
                          set_start_epoch)
 from src.errors import UserInputError, user_error_message
 
@@ -51,21 +51,19 @@ def test_train_batches_shape_dtype_and_partial_batch_dropped(fmt):
     assert data.get_dataset_size() == N_TRAIN // batch
     (epoch,) = batches(data)
     assert len(epoch) == N_TRAIN // batch
-    for images, labels in epoch:
-        assert images.shape == (batch, 3, size, size) and images.dtype == np.float32
+    for images, labels in epoch:  # uint8 RGB pixels: the network's first cell normalizes them
+        assert images.shape == (batch, size, size, 3) and images.dtype == np.uint8
         assert labels.shape == (batch,) and labels.dtype == np.int32
         assert labels.min() >= 0 and labels.max() < 10
-        assert np.all(np.isfinite(images))
-    # normalized: roughly centred, not raw 0..255 pixels
-    all_images = flatten(epoch)[0]
-    assert -3 < all_images.mean() < 3 and all_images.max() < 10
+    normalized = host_normalize(flatten(epoch)[0], data.normalization)
+    assert normalized.shape == (len(epoch) * batch, 3, size, size) and -3 < normalized.mean() < 3
 
 
 def test_cifar_is_resized_to_image_size(cifar_dir):
     for training in (True, False):
         data = create_dataset("cifar10", str(cifar_dir), training=training, batch_size=4, image_size=48)
         images, _ = batches(data)[0][0]
-        assert images.shape == (4, 3, 48, 48)
+        assert images.shape == (4, 48, 48, 3)
 
 
 @pytest.mark.parametrize("batch", [8, 16, 33, 100, 128])
@@ -75,7 +73,7 @@ def test_eval_keeps_every_sample_exactly_once(fmt, batch):
     assert data.get_dataset_size() == -(-N_TEST // batch)
     (epoch,) = batches(data)
     images, labels = flatten(epoch)
-    assert images.shape == (N_TEST, 3, 32, 32)
+    assert images.shape == (N_TEST, 32, 32, 3)
     source = create_source(name, path, training=False)
     assert len(source) == N_TEST
     # evaluation reads in source order: every label, counted as in the source
@@ -84,7 +82,7 @@ def test_eval_keeps_every_sample_exactly_once(fmt, batch):
     assert len(set(hashes(images))) == N_TEST
 
 
-def test_eval_sample_matches_preprocess_eval_image(fmt):
+def test_eval_sample_matches_eval_image(fmt):
     """The pipeline and the single-image preprocessing (used for prediction) agree."""
     name, path, _ = fmt
     data = create_dataset(name, path, training=False, batch_size=5, image_size=32)
@@ -93,13 +91,14 @@ def test_eval_sample_matches_preprocess_eval_image(fmt):
     for i in range(5):
         raw = source.load(i)
         pil = Image.fromarray(raw) if isinstance(raw, np.ndarray) else Image.open(source.paths[i])  # as predict.py
-        np.testing.assert_allclose(images[i], preprocess_eval_image(pil, name, 32), rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(images[i], eval_image(pil, name, 32))
 
 
 def test_cifar_values_are_the_normalized_file_pixels(cifar_dir):
     raw = np.fromfile(os.path.join(cifar_dir, "test_batch.bin"), dtype=np.uint8).reshape(-1, CIFAR_RECORD_BYTES)
     data = create_dataset("cifar10", str(cifar_dir), training=False, batch_size=4, image_size=32)
-    images, labels = batches(data)[0][0]
+    pixels, labels = batches(data)[0][0]
+    images = host_normalize(pixels, data.normalization)
     chw = raw[:4, 1:].reshape(4, 3, 32, 32).astype(np.float64)
     mean = np.array(CIFAR_MEAN)[None, :, None, None] * 255
     std = np.array(CIFAR_STD)[None, :, None, None] * 255

@@ -1,4 +1,4 @@
-"""export.py (MINDIR/ONNX, --verify, AIR refusal) and predict.py on exports of networks trained on
+"""export.py (MINDIR/ONNX, --verify, AIR refusal, --export_input_stage) and predict.py on exports of networks trained on
 the sample data, checked image by image against the checkpoint network and eval.py."""
 import json
 import os
@@ -63,34 +63,37 @@ def export_args(checkpoints, net_name: str, file_format: str, file_name: Path, *
 
 @pytest.fixture(scope="module")
 def exported(workdir, checkpoints):
-    """export(net, format) -> the verified export's JSON report (each exported once per module)."""
+    """export(net, format, pixels=False) -> the verified export's JSON report (each exported once
+    per module); pixels: with the input stage (--export_input_stage True)."""
     done = {}
 
-    def export(net_name: str, file_format: str) -> dict:
-        if (net_name, file_format) not in done:
-            name = workdir / "models" / f"{net_name}-{file_format.lower()}"
-            result = run(export_args(checkpoints, net_name, file_format, name, "--verify"))
+    def export(net_name: str, file_format: str, pixels: bool = False) -> dict:
+        key = (net_name, file_format, pixels)
+        if key not in done:
+            name = workdir / "models" / f"{net_name}-{file_format.lower()}{'-pixels' if pixels else ''}"
+            result = run(export_args(checkpoints, net_name, file_format, name, "--verify",
+                                     "--export_input_stage", str(pixels)))
             assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
             report = last_json(result.stdout)
             assert "max abs difference" in result.stdout and "top-1 agreement" in result.stdout
-            done[(net_name, file_format)] = report
-        return done[(net_name, file_format)]
+            done[key] = report
+        return done[key]
     return export
 
 
 def reference_logits(net_name: str, ckpt: Path, dataset: str, data: Path) -> Tuple[np.ndarray, np.ndarray]:
     """The checkpoint network on the evaluation pipeline of src/dataset.py: (logits, labels)."""
     import mindspore as ms
-    from src.dataset import create_dataset
+    from src.dataset import create_dataset, host_normalize
     from src.resnet import create_model
     from src.training.checkpoint import load_into_network
     net = create_model(net_name, num_classes=10)
     load_into_network(net, str(ckpt))
     net.set_train(False)
     logits, labels = [], []
-    for images, batch_labels in create_dataset(dataset, str(data), training=False, batch_size=32,
-                                               image_size=SIZE).create_tuple_iterator(output_numpy=True):
-        logits.append(net(ms.Tensor(images)).asnumpy())
+    data = create_dataset(dataset, str(data), training=False, batch_size=32, image_size=SIZE)
+    for images, batch_labels in data.create_tuple_iterator(output_numpy=True):  # uint8 NHWC batches
+        logits.append(net(ms.Tensor(host_normalize(images, data.normalization))).asnumpy())
         labels.append(batch_labels)
     return np.concatenate(logits), np.concatenate(labels)
 
@@ -110,8 +113,56 @@ def test_export_verifies_against_checkpoint(exported, net_name, file_format):
     assert report["max_abs_diff"] <= TOLERANCE and report["top1_agreement"] == 1.0
     # MINDIR keeps the batch dynamic; MindSpore's ONNX export fixes it to --batch_size.
     batch = None if file_format == "MINDIR" else 16
-    assert report["input_shape"] == [batch, 3, SIZE, SIZE]
+    assert report["input_shape"] == [batch, 3, SIZE, SIZE] and report["input"] == "float32 NCHW"
     assert not list(path.parent.glob(".export-*"))  # the staging folder is gone
+
+
+@pytest.mark.parametrize("file_format", ["MINDIR", "ONNX"])
+def test_export_with_input_stage_takes_pixels_like_the_float_file(exported, file_format):
+    """--export_input_stage True: verified, uint8 NHWC input, and on the same pixels its logits are
+    the float file's on the host-normalized pixels."""
+    from src.data.host_stage import host_normalize, normalization_of
+    from src.deploy.inference import ExportedModel, seeded_pixels
+    report = exported("resnet18", file_format, pixels=True)
+    batch = None if file_format == "MINDIR" else 16
+    assert report["verified"] is True and report["max_abs_diff"] <= TOLERANCE
+    assert report["input"] == "uint8 NHWC" and report["input_shape"] == [batch, SIZE, SIZE, 3]
+    assert exported("resnet18", file_format)["input"] == "float32 NCHW"
+    pixels_file, float_file = ExportedModel(report["path"]), ExportedModel(exported("resnet18", file_format)["path"])
+    assert pixels_file.takes_pixels and not float_file.takes_pixels
+    assert pixels_file.image_size == float_file.image_size == (SIZE, SIZE)
+    pixels = seeded_pixels(16, SIZE, SIZE, seed=1)
+    normalized = host_normalize(pixels, normalization_of("imagenet2012"))
+    assert np.abs(pixels_file.run(pixels) - float_file.run(normalized)).max() <= TOLERANCE
+
+
+def test_pixels_file_predicts_and_evaluates_like_the_float_file(exported, checkpoints, folder_dir):
+    """predict.py and eval.py --model_file on the ONNX file with the input stage: the float ONNX
+    file's top classes per JPEG and its top-1 accuracy."""
+    val = folder_dir / "val"
+    _, overrides = checkpoints["resnet18"]
+    top, accuracy = {}, {}
+    for kind, pixels in (("float", False), ("pixels", True)):
+        model = exported("resnet18", "ONNX", pixels=pixels)["path"]
+        result = run([PYTHON, "predict.py", model, str(val), "--dataset", "imagenet2012", "--top_k", "3"])
+        assert result.returncode == 0, result.stderr[-3000:]
+        top[kind] = [[t["index"] for t in p["top_k"]] for p in last_json(result.stdout)["predictions"]]
+        evaluated = run([PYTHON, "eval.py", "--config_path", str(CONFIG), "--data_path", str(folder_dir),
+                         "--model_file", model, "--batch_size", "32"] + overrides)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        accuracy[kind] = last_json(evaluated.stdout)
+    assert len(top["pixels"]) == 101 and top["pixels"] == top["float"]
+    assert accuracy["pixels"]["samples"] == accuracy["float"]["samples"] == 101
+    assert accuracy["pixels"]["top_1_accuracy"] == accuracy["float"]["top_1_accuracy"]
+
+
+def test_input_stage_with_int8_is_one_line_error(workdir, checkpoints):
+    name = workdir / "int8-pixels" / "resnet18"
+    result = run(export_args(checkpoints, "resnet18", "ONNX", name, "--export_input_stage", "True",
+                             "--quantize", "int8", "--calibration_data", str(workdir)))
+    assert result.returncode == 2
+    assert "--export_input_stage" in one_error_line(result) and "--quantize" in one_error_line(result)
+    assert not (workdir / "int8-pixels").exists()
 
 
 def test_failed_verification_exits_1_and_writes_nothing(workdir, checkpoints):

@@ -205,11 +205,11 @@ def test_unreadable_image_is_replaced_by_the_next_readable_one(tmp_path):
     bad = source.paths.index(str(tmp_path / "a" / "1.jpg"))
     break_image(Path(source.paths[bad]))
 
-    def whole(image, rng):
-        return crop_resize(image, (0, 0, 8, 8), (8, 8))
+    def whole(image, rng, out):
+        return crop_resize(image, (0, 0, 8, 8), (8, 8), out=out)
 
     log = BadSampleLog(str(tmp_path / "bad.tsv"), limit=1)
-    samples = AugmentedSource(source, whole, lambda image: image, augment=True, seed=0, bad_samples=log)
+    samples = AugmentedSource(source, whole, augment=True, seed=0, image_size=8, bad_samples=log)
     epoch = 3
     image, label = samples[epoch * len(source) + bad]
     expected_image, expected_label = samples[epoch * len(source) + bad + 1]

@@ -7,6 +7,7 @@ use), and photograph-like content: a 1/f-like multi-scale texture with correlate
 textured polygons with sharp edges, and sensor-like noise. They are not meant to be learned from.
 """
 import io
+import math
 import os
 import time
 from typing import Dict, List, Tuple
@@ -55,6 +56,52 @@ def write_photo_folder(folder: str, count: int, *, classes: int = 4, seed: int =
         os.makedirs(class_folder, exist_ok=True)
         path = os.path.join(class_folder, f"{index:05d}.jpg")
         Image.fromarray(render_photo(rng, width, height)).save(path, "JPEG", quality=PHOTO_QUALITY)
+        paths.append(path)
+    return paths
+
+
+def write_tiny_jpegs(folder: str, count: int, *, side: int = 16, classes: int = 10, seed: int = 0) -> List[str]:
+    """`count` noise JPEGs of side x side pixels in `classes` class sub-folders: decoding them is
+    almost free, so a pipeline's rate on them is its per-process ceiling."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for index in range(count):
+        class_folder = os.path.join(folder, f"class{index % classes}")
+        os.makedirs(class_folder, exist_ok=True)
+        path = os.path.join(class_folder, f"{index:05d}.jpg")
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(path, "JPEG", quality=PHOTO_QUALITY)
+        paths.append(path)
+    return paths
+
+
+def real_photograph() -> Image.Image:
+    """A real photograph that ships with a package this repository installs: matplotlib's sample
+    portrait (grace_hopper.jpg, 512x600)."""
+    from matplotlib import cbook
+    with cbook.get_sample_data("grace_hopper.jpg") as handle:
+        return Image.open(handle).convert("RGB")
+
+
+def write_real_photo_folder(folder: str, count: int, *, classes: int = 4, seed: int = 0) -> List[str]:
+    """`count` JPEGs re-cropped from `real_photograph` at ImageNet's usual sizes (scaled 1-1.6x,
+    random position, mirrored half the time; quality 90), in `classes` class sub-folders: what a
+    real photograph costs to decode, beside the generated ones."""
+    rng = np.random.default_rng(seed)
+    photo = real_photograph()
+    paths = []
+    for index in range(count):
+        width, height = PHOTO_SIZES[index % len(PHOTO_SIZES)]
+        scale = max(width / photo.width, height / photo.height) * rng.uniform(1.0, 1.6)
+        scaled = photo.resize((math.ceil(photo.width * scale), math.ceil(photo.height * scale)), Image.BILINEAR)
+        left = int(rng.integers(0, scaled.width - width + 1))
+        top = int(rng.integers(0, scaled.height - height + 1))
+        crop = scaled.crop((left, top, left + width, top + height))
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        class_folder = os.path.join(folder, f"class{index % classes}")
+        os.makedirs(class_folder, exist_ok=True)
+        path = os.path.join(class_folder, f"{index:05d}.jpg")
+        crop.save(path, "JPEG", quality=PHOTO_QUALITY)
         paths.append(path)
     return paths
 

@@ -8,7 +8,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from src.data.host_stage import Normalization, host_normalize
 from src.errors import UserInputError, require_module
+
 
 EXTENSIONS = {".mindir": "MINDIR", ".onnx": "ONNX", ".air": "AIR"}
 ONNXRUNTIME_HINT = "pip install onnxruntime (or pip install -r requirements-dev.txt)"
@@ -44,23 +46,40 @@ def file_format_of(path: str) -> str:
     return fmt
 
 
-def mindir_input_shape(path: str) -> Optional[Shape]:
-    """(batch or None when dynamic, C, H, W) of a MINDIR file's first input; None if unreadable."""
+def _mindir_input_tensor(path: str):
+    """The TensorProto of a MINDIR file's first input, or None if unreadable."""
     try:
         from mindspore.train import mind_ir_pb2  # pylint: disable=import-outside-toplevel
         model = mind_ir_pb2.ModelProto()
         with open(path, "rb") as handle:
             model.ParseFromString(handle.read())
-        dims = [int(d) for d in model.graph.input[0].tensor[0].dims]
-    except Exception:  # an internal format: fall back to asking the user for the image size
+        return model.graph.input[0].tensor[0]
+    except Exception:  # an internal format: callers fall back to asking the user
         return None
+
+
+def mindir_input_shape(path: str) -> Optional[Shape]:
+    """The 4 dims of a MINDIR file's first input (batch None when dynamic): (batch, C, H, W) for a
+    float file, (batch, H, W, 3) for one exported with the input stage; None if unreadable."""
+    tensor = _mindir_input_tensor(path)
+    dims = [int(d) for d in tensor.dims] if tensor is not None else []
     if len(dims) != 4:
         return None
     return (dims[0] if dims[0] > 0 else None, dims[1], dims[2], dims[3])
 
 
+def mindir_takes_pixels(path: str) -> bool:
+    """Whether a MINDIR file's first input is uint8 (exported with the input stage)."""
+    from mindspore.train import mind_ir_pb2  # pylint: disable=import-outside-toplevel
+    tensor = _mindir_input_tensor(path)
+    return tensor is not None and tensor.data_type == mind_ir_pb2.TensorProto.DataType.UINT8
+
+
 class ExportedModel:
-    """An exported classifier: `run(batch)` gives logits; `input_shape` is (batch|None, C, H, W).
+    """An exported classifier: `run(batch)` gives logits. `takes_pixels`: the file was exported
+    with the input stage and takes uint8 NHWC pixels, `input_shape` then is (batch|None, H, W, 3);
+    otherwise it takes normalized float32 NCHW, `input_shape` (batch|None, C, H, W). `image_size`
+    is (H, W) either way; `predict_pixels` runs uint8 pixels through either kind of file.
     ONNX files run on `threads` onnxruntime threads (0: one per available core)."""
 
     def __init__(self, path: str, threads: int = 0):
@@ -69,6 +88,7 @@ class ExportedModel:
         self.path = path
         self.file_format = file_format_of(path)
         self.input_shape: Optional[Shape] = None
+        self.takes_pixels = False
         if self.file_format == "ONNX":
             self._load_onnx(path, threads)
         else:
@@ -83,6 +103,7 @@ class ExportedModel:
                                  f"export the model again") from None
         model_input = self._session.get_inputs()[0]
         self._input_name = model_input.name
+        self.takes_pixels = model_input.type == "tensor(uint8)"
         dims = [d if isinstance(d, int) and d > 0 else None for d in model_input.shape]
         if len(dims) == 4:
             self.input_shape = tuple(dims)
@@ -96,15 +117,24 @@ class ExportedModel:
             raise UserInputError(f"MindSpore cannot load {path} ({_first_line(err)}); "
                                  f"export the model again") from None
         self.input_shape = mindir_input_shape(path)
+        self.takes_pixels = mindir_takes_pixels(path)
 
     @property
     def fixed_batch(self) -> Optional[int]:
         """The batch size the file was exported with, or None when its batch is dynamic."""
         return self.input_shape[0] if self.input_shape else None
 
+    @property
+    def image_size(self) -> Optional[Tuple[int, int]]:
+        """(height, width) of the input images, whatever the layout; None if unknown."""
+        if not self.input_shape:
+            return None
+        return self.input_shape[1:3] if self.takes_pixels else self.input_shape[2:4]
+
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """Logits for one batch (of exactly `fixed_batch` samples when the batch is fixed)."""
-        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        """Logits for one batch in the file's own layout (uint8 NHWC when `takes_pixels`, else
+        float32 NCHW), of exactly `fixed_batch` samples when the batch is fixed."""
+        batch = np.ascontiguousarray(batch, dtype=np.uint8 if self.takes_pixels else np.float32)
         if self.file_format == "ONNX":
             return np.asarray(self._session.run(None, {self._input_name: batch})[0])
         import mindspore as ms  # pylint: disable=import-outside-toplevel
@@ -123,6 +153,11 @@ class ExportedModel:
             outputs.append(self.run(chunk)[:count])
         return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
 
+    def predict_pixels(self, pixels: np.ndarray, normalization: Normalization, batch_size: int = 32) -> np.ndarray:
+        """Logits for uint8 NHWC RGB images (as the dataset and `eval_image` give them): straight
+        into a file with the input stage, host-normalized to float32 NCHW for any other."""
+        return self.predict(pixels if self.takes_pixels else host_normalize(pixels, normalization), batch_size)
+
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
@@ -132,6 +167,11 @@ def _first_line(err: BaseException) -> str:
 def seeded_input(batch: int, height: int, width: int, seed: int = 0) -> np.ndarray:
     """A standard-normal NCHW float32 batch (the scale of normalized images), reproducible by seed."""
     return np.random.default_rng(seed).standard_normal((batch, 3, height, width)).astype(np.float32)
+
+
+def seeded_pixels(batch: int, height: int, width: int, seed: int = 0) -> np.ndarray:
+    """Uniform uint8 NHWC RGB pixels, reproducible by seed (the input of a file with the input stage)."""
+    return np.random.default_rng(seed).integers(0, 256, (batch, height, width, 3), dtype=np.uint8)
 
 
 def compare_logits(reference: np.ndarray, candidate: np.ndarray) -> Dict[str, float]:

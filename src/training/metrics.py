@@ -5,6 +5,7 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Metric, Model
 
+from src.data.input_stage import WithInputStage
 from src.loss import create_loss
 from src.training.distributed import all_reduce_sum
 
@@ -59,7 +60,9 @@ def evaluate_sums(net: nn.Cell, dataset, metrics: Dict[str, Metric], *, num_clas
     one pass; with several ranks, the vectors are summed over all shards (one allreduce), so every
     rank returns the sums of the whole split."""
     net.set_train(False)
-    model = Model(net, loss_fn=create_loss(num_classes=num_classes), metrics=metrics)
+    normalization = getattr(dataset, "normalization", None)  # create_dataset's uint8 batches
+    network = WithInputStage(net, normalization) if normalization is not None else net
+    model = Model(network, loss_fn=create_loss(num_classes=num_classes), metrics=metrics)
     return sum_over_ranks(model.eval(dataset, dataset_sink_mode=False), group_size)
 
 

@@ -40,6 +40,10 @@ def thor_conflicts(cfg: Any) -> List[str]:
         ("use_nesterov", cfg.use_nesterov),
         ("freeze_backbone", cfg.freeze_backbone),
         ("run_eval", cfg.run_eval),  # ModelThor does not evaluate while training
+        # ModelThor feeds (images, labels) to the network: erasing and mixing need the training step's input stage
+        ("random_erase", cfg.random_erase > 0),
+        ("mixup_alpha", cfg.mixup_alpha > 0),
+        ("cutmix_alpha", cfg.cutmix_alpha > 0),
         ("resume", cfg.resume),
         ("resume_ckpt", bool(cfg.resume_ckpt)),
         # THOR takes one decay value: these may only repeat weight_decay or be off
@@ -115,6 +119,8 @@ def create_thor_model(cfg: Any, net, lrs: np.ndarray, *, steps_per_epoch: int, f
     split points over the trainable parameters (used with several ranks)."""
     from mindspore.train import ConvertModelUtils, Model
 
+    from src.data.host_stage import normalization_of
+    from src.data.input_stage import WithInputStage
     from src.loss import create_loss
     from src.training.optimizer import parameter_kinds
     from src.training.precision import create_loss_scale_manager, resolve_amp_level
@@ -138,8 +144,10 @@ def create_thor_model(cfg: Any, net, lrs: np.ndarray, *, steps_per_epoch: int, f
     # The documented composition: a Model with the THOR optimizer, then converted to ModelThor.
     # keep_batchnorm_fp32 follows the amp level (O2 keeps BatchNorm in float32, O3 does not).
     keep_bn = amp_level == "O2"
-    model = Model(net, loss_fn=loss, optimizer=optimizer, loss_scale_manager=manager, amp_level=amp_level,
+    # The dataset hands over uint8 NHWC batches: the network normalizes them first (no weights).
+    network = WithInputStage(net, normalization_of(cfg.dataset))
+    model = Model(network, loss_fn=loss, optimizer=optimizer, loss_scale_manager=manager, amp_level=amp_level,
                   keep_batchnorm_fp32=keep_bn)
-    return ConvertModelUtils.convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=optimizer,
+    return ConvertModelUtils.convert_to_thor_model(model=model, network=network, loss_fn=loss, optimizer=optimizer,
                                                    loss_scale_manager=manager, amp_level=amp_level,
                                                    keep_batchnorm_fp32=keep_bn)

@@ -1,6 +1,8 @@
-"""One training step as a single cell that `Model` runs: forward and loss, loss scaling, gradients,
-gradient accumulation over micro-batches, data-parallel averaging, unscaling, global-norm clipping,
-overflow skipping (dynamic loss scale), the optimizer update and the weight EMA.
+"""One training step as a single cell that `Model` runs: the input stage (the dataset's uint8
+batch to normalized float images, erasing and mixing: src/data/input_stage.py), forward and
+loss, loss scaling, gradients, gradient accumulation over micro-batches, data-parallel averaging,
+unscaling, global-norm clipping, overflow skipping (dynamic loss scale), the optimizer update and
+the weight EMA.
 
 Everything happens inside the graph, so sink mode keeps one device call per sink. The cell always
 returns `(loss, overflow, loss_scale)`, as MindSpore's loss-scaling cells do: `overflow` is True
@@ -97,6 +99,13 @@ class NetWithLoss(nn.Cell):
         return self.loss(ops.cast(self.net(images), ms.float32), labels)
 
 
+class ReadyInput(nn.Cell):
+    """The input stage for batches that are already the network's input: (images, labels) as they come."""
+
+    def construct(self, images, labels):
+        return images, labels
+
+
 def _data_parallel() -> bool:
     mode = ms.get_auto_parallel_context("parallel_mode")
     return mode in (ms.ParallelMode.DATA_PARALLEL, ms.ParallelMode.HYBRID_PARALLEL)
@@ -108,12 +117,14 @@ class TrainStep(nn.Cell):
     `loss_scale` multiplies the loss before backward and is divided out of the gradients before
     clipping and the update. `scale_update` (a DynamicLossScaleUpdateCell) makes the scale dynamic:
     non-finite gradients then skip the update and the EMA, and shrink the scale. `ema` averages
-    every parameter of `net` (BatchNorm statistics included) into `ema.<name>` parameters."""
+    every parameter of `net` (BatchNorm statistics included) into `ema.<name>` parameters.
+    `input_stage` turns the dataset's columns into (images, labels) (default: they already are)."""
 
-    def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Cell, *, net: nn.Cell, loss_scale: float = 1.0,
-                 scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1, micro_batch: int = 0,
-                 clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None):
+    def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Cell, *, net: nn.Cell,
+                 input_stage: Optional[nn.Cell] = None, loss_scale: float = 1.0, scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1,
+                 micro_batch: int = 0, clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None):
         super().__init__(auto_prefix=False)
+        self.input_stage = input_stage or ReadyInput()
         self.network = net_with_loss
         self.network.set_grad()
         self.optimizer = optimizer
@@ -180,7 +191,8 @@ class TrainStep(nn.Cell):
             done = ops.depend(done, self.update_ema(ops.depend(step, done)))
         return done
 
-    def construct(self, images, labels):
+    def construct(self, *columns):
+        images, labels = self.input_stage(*columns)  # no weights: outside the gradient
         scale = self.scale_sense * 1  # this step's scale, read before a dynamic update changes it
         step = self.train_steps * 1 if self.use_ema else 0
         loss, grads = self.gradients(images, labels, scale)
