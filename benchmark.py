@@ -386,8 +386,8 @@ def serve_pipelines(args: argparse.Namespace) -> int:
     cores = sorted(os.sched_getaffinity(0))[:args.cores]
     os.sched_setaffinity(0, cores)  # threads and worker processes started from here on inherit the mask
     folders = json.loads(args.photo_dir)
-    batches = {"tiny": max(2, args.ceiling_images // args.photo_batch), "photos": max(2, 2 * args.photos // args.photo_batch),
-               "real": max(2, 2 * args.photos // args.photo_batch), "cifar": max(2, args.ceiling_images // args.photo_batch)}
+    small, photos = max(2, args.ceiling_images // args.photo_batch), max(2, 2 * args.photos // args.photo_batch)
+    batches = {"tiny": small, "photos": photos, "real": photos, "cifar": small}
     result = measure_pipelines(folders, batch=args.photo_batch, workers=args.workers, batches=batches,
                                repeats=args.repeats)
     print(REPLY + json.dumps({"cores": len(cores), "workers": args.workers, **result}), flush=True)
@@ -431,9 +431,9 @@ def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
     folders, files = write_pipeline_data(args, data_root)
     rows = []
     for cores, workers in pipeline_settings():
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "pipelines", "--photo_dir", json.dumps(folders),
-                   "--photos", str(args.photos), "--ceiling_images", str(args.ceiling_images),
-                   "--photo_batch", str(args.photo_batch), "--cores", str(cores), "--workers", str(workers),
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "pipelines",
+                   "--photo_dir", json.dumps(folders), "--photos", str(args.photos),
+                   "--ceiling_images", str(args.ceiling_images), "--photo_batch", str(args.photo_batch), "--cores", str(cores), "--workers", str(workers),
                    "--repeats", str(args.repeats)]
         rows.append(_reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
                                              cwd=os.path.dirname(os.path.abspath(__file__))), "pipelines"))
@@ -453,7 +453,8 @@ def pipeline_ratios(rows: List[Dict]) -> List[Dict[str, float]]:
     """Per row: ours over native (ceiling plain and v2, photographs generated and real, train and
     eval, CIFAR)."""
     pairs = {"ceiling_ours": ("ceiling", "ours", "native"), "ceiling_v2": ("ceiling", "v2", "native"),
-             "photos_train": ("photos", "ours_train", "native_train"), "photos_eval": ("photos", "ours_eval", "native_eval"),
+             "photos_train": ("photos", "ours_train", "native_train"),
+             "photos_eval": ("photos", "ours_eval", "native_eval"),
              "real_train": ("real", "ours_train", "native_train"), "real_eval": ("real", "ours_eval", "native_eval"),
              "cifar": ("cifar", "ours", "native")}
     return [{key: round(_rate(row, case, ours) / _rate(row, case, native), 3)
@@ -492,7 +493,8 @@ def _cells(row: Dict, case: str, names: Sequence[str], width: int = 10) -> str:
 def format_pipeline_table(section: Dict) -> str:
     files, rows, ratios = section["files"], section["rows"], section["ratios"]
     head = f"batch {section['batch_size']}, {section['image_size']} px, uint8 out (ours) / float32 out (native)"
-    lines = [f"Input pipeline ceiling: {files['tiny']['files']} 16x16 JPEGs (decoding ~free), training transforms, {head}",
+    lines = [f"Input pipeline ceiling: {files['tiny']['files']} 16x16 JPEGs (decoding ~free), training transforms, "
+             f"{head}",
              f"  {'cores / workers':<18}{'ours':>10}{'threads':>10}{'v2':>10}{'native':>10}{'ours/nat':>10}"
              f"{'v2/nat':>10}{'main us/img ours':>18}{'native':>8}"]
     for row, ratio in zip(rows, ratios):
@@ -505,14 +507,16 @@ def format_pipeline_table(section: Dict) -> str:
                  "CPU per sample (getrusage)")
     lines.append(f"Photographs: generated {files['photos']['files']} (mean {files['photos']['mean_file_kb']} KB, PIL "
                  f"decode {files['photos']['pil_decode_ms']} ms) and real {files['real']['files']} (matplotlib's "
-                 f"grace_hopper.jpg re-cropped; {files['real']['mean_file_kb']} KB, {files['real']['pil_decode_ms']} ms), "
+                 f"grace_hopper.jpg re-cropped; {files['real']['mean_file_kb']} KB, "
+                 f"{files['real']['pil_decode_ms']} ms), "
                  f"{head}; our JPEG decoder: {section['decoder']}")
     lines.append(f"  {'cores / workers':<18}{'gen ours':>10}{'native':>10}{'ratio':>8}{'no-aa':>9}{'v2':>8}"
                  f"{'eval':>8}{'native':>8}{'ratio':>8}{'real ours':>11}{'native':>8}{'ratio':>8}{'eval':>8}"
                  f"{'native':>8}{'ratio':>8}")
     for row, ratio in zip(rows, ratios):
         lines.append(f"  {_setting(row):<18}{_cells(row, 'photos', ('ours_train', 'native_train'))}"
-                     f"{ratio['photos_train']:>8}{_cells(row, 'photos', ('no_aa_train', 'v2_train', 'ours_eval', 'native_eval'), 8)[1:]}"
+                     f"{ratio['photos_train']:>8}"
+                     f"{_cells(row, 'photos', ('no_aa_train', 'v2_train', 'ours_eval', 'native_eval'), 8)[1:]}"
                      f"{ratio['photos_eval']:>8}{_cells(row, 'real', ('ours_train',), 11)}"
                      f"{_cells(row, 'real', ('native_train',), 8)}{ratio['real_train']:>8}"
                      f"{_cells(row, 'real', ('ours_eval', 'native_eval'), 8)}{ratio['real_eval']:>8}")

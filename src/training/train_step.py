@@ -121,8 +121,9 @@ class TrainStep(nn.Cell):
     `input_stage` turns the dataset's columns into (images, labels) (default: they already are)."""
 
     def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Cell, *, net: nn.Cell,
-                 input_stage: Optional[nn.Cell] = None, loss_scale: float = 1.0, scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1,
-                 micro_batch: int = 0, clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None):
+                 input_stage: Optional[nn.Cell] = None, loss_scale: float = 1.0,
+                 scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1, micro_batch: int = 0,
+                 clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None):
         super().__init__(auto_prefix=False)
         self.input_stage = input_stage or ReadyInput()
         self.network = net_with_loss
