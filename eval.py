@@ -48,6 +48,9 @@ def check_request(cfg: Config) -> None:
     if cfg.save_predictions and not cfg.report_dir:
         raise UserInputError("--save_predictions True writes predictions.csv into the report folder; "
                              "pass --report_dir DIR too")
+    if cfg.use_ema and cfg.model_file:
+        raise UserInputError("--use_ema True picks a checkpoint's EMA weights; an exported file holds one set of "
+                             "weights (export the EMA weights with export.py --use_ema True), drop --use_ema")
     if cfg.summary and cfg.model_file:
         raise UserInputError("--summary True describes a checkpoint's network; pass --checkpoint_file_path "
                              "(an exported file has no network to count)")

@@ -25,7 +25,8 @@ onnxruntime) and compares its logits with the checkpoint network on a seeded ran
 (numpy default_rng(0), standard normal); it prints the max abs difference and the top-1 agreement
 and exits with code 1, writing no file, when the difference exceeds --verify_tolerance (1e-4).
 The last line on stdout is one JSON object: path, file_format, input ("float32 NCHW" or
-"uint8 NHWC"), input_shape (in that layout; null batch: dynamic), verified, max_abs_diff, top1_agreement, max_abs_logit, tolerance, quantization.
+"uint8 NHWC"), input_shape (in that layout; null batch: dynamic), verified, max_abs_diff,
+top1_agreement, max_abs_logit, tolerance, quantization.
 
 --quantize int8 (ONNX only; needs onnx and onnxruntime) writes the int8 model instead of the float
 one (default NAME: net_name_int8): onnxruntime's static quantization, QDQ format, int8 weights per
@@ -43,7 +44,8 @@ import math
 import os
 import sys
 import tempfile
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -80,7 +82,7 @@ def export_network(net, *, file_name: str, file_format: str, batch_size: Optiona
     if batch_size is None:
         example = ms.Tensor(shape=shape, dtype=dtype)
     else:
-        example = ms.Tensor(np.zeros(shape, np.uint8 if pixels else np.float32))
+        example = ms.Tensor(np.zeros(shape, ms.dtype_to_nptype(dtype)))
     staged = os.path.join(staging, os.path.basename(file_name))
     ms.export(net, example, file_name=staged, file_format=file_format)
     return staged + FILE_FORMATS[file_format]
@@ -134,12 +136,12 @@ def check_quantize(cfg: Config, file_format: str, height: int, width: int) -> bo
     if file_format != "ONNX":
         raise UserInputError(f"--quantize int8 needs --file_format ONNX (onnxruntime quantizes ONNX files), "
                              f"got {file_format}")
-    if not os.path.isdir(cfg.calibration_data or "."):
-        raise UserInputError(f"calibration data folder not found: {cfg.calibration_data}; pass --calibration_data "
-                             f"with the dataset folder (as data_path) whose training images calibrate the activations")
     if not cfg.calibration_data:
         raise UserInputError("--quantize int8 needs --calibration_data PATH: the dataset folder (as data_path) "
                              "whose training images calibrate the activation ranges")
+    if not os.path.isdir(cfg.calibration_data):
+        raise UserInputError(f"calibration data folder not found: {cfg.calibration_data}; pass --calibration_data "
+                             f"with the dataset folder (as data_path) whose training images calibrate the activations")
     if cfg.calibration_samples < 1:
         raise UserInputError(f"--calibration_samples must be a positive integer, got {cfg.calibration_samples}")
     if cfg.calibration_method not in CALIBRATION_METHODS:
@@ -152,43 +154,55 @@ def check_quantize(cfg: Config, file_format: str, height: int, width: int) -> bo
     return True
 
 
-def calibration_batches(cfg: Config, *, batch_size: int, image_size: int) -> Tuple[Callable[[], Iterator[np.ndarray]], int]:
-    """The calibration images as a function giving a fresh iterator over the same batches each
-    call, and their number of batches: training images of --calibration_data in the seeded order
-    of a first training epoch (so the choice is a function of the seed), through eval.py's
-    transform. The folder is read here, so bad data fails before the export."""
-    def dataset():
-        return create_dataset(cfg.dataset, cfg.calibration_data, training=True, augment=False,
+@dataclass
+class Calibration:
+    """The calibration images, read once: uint8 NHWC batches and the dataset's normalization."""
+    pixels: List[np.ndarray]
+    normalization: Normalization
+
+    def batches(self) -> Iterator[np.ndarray]:
+        """The batches as the float model takes them (normalized float32 NCHW), one at a time."""
+        return (host_normalize(images, self.normalization) for images in self.pixels)
+
+    @property
+    def samples(self) -> int:
+        return sum(len(images) for images in self.pixels)
+
+
+def calibration_batches(cfg: Config, *, batch_size: int, image_size: int) -> Calibration:
+    """Training images of --calibration_data in the seeded order of a first training epoch (so the
+    choice is a function of the seed), through eval.py's transform, in whole batches: read (and
+    decoded) here, once, so bad data fails before the export."""
+    try:
+        data = create_dataset(cfg.dataset, cfg.calibration_data, training=True, augment=False,
                               batch_size=batch_size, image_size=image_size, class_num=cfg.class_num,
                               num_parallel_workers=cfg.num_parallel_workers, seed=cfg.seed,
                               interpolation=cfg.interpolation, resize_size=cfg.eval_resize_size)
-    try:
-        num_batches = min(math.ceil(cfg.calibration_samples / batch_size), dataset().get_dataset_size())
+        num_batches = min(math.ceil(cfg.calibration_samples / batch_size), data.get_dataset_size())
+        rows = data.create_tuple_iterator(output_numpy=True, num_epochs=1)
+        pixels = [images for images, _ in itertools.islice(rows, num_batches)]
     except UserInputError as err:  # the dataset's message speaks of data_path
         raise UserInputError(f"--calibration_data: {err}") from None
-
-    def batches() -> Iterator[np.ndarray]:
-        data = dataset()
-        rows = data.create_tuple_iterator(output_numpy=True, num_epochs=1)
-        return (host_normalize(images, data.normalization) for images, _ in itertools.islice(rows, num_batches))
-    return batches, num_batches
+    return Calibration(pixels, data.normalization)
 
 
-def quantize_export(float_path: str, cfg: Config, *, calibration: Tuple[Callable[[], Iterator[np.ndarray]], int],
-                    batch_size: int, staging: str) -> Tuple[str, Dict]:
-    """The int8 model of the staged float ONNX file (staged beside it) and its report."""
-    batches, num_batches = calibration
-    int8_path = os.path.join(staging, "int8.onnx")
-    quantize_onnx(float_path, int8_path, batches(), num_batches=num_batches, method=cfg.calibration_method,
-                  workdir=staging)
+def quantize_export(float_path: str, cfg: Config, *, calibration: Calibration, staging: str) -> Tuple[str, Dict]:
+    """The int8 model of the staged float ONNX file and its report. The int8 file and onnxruntime's
+    intermediate files go to a folder of their own, so no --file_name can make them overwrite the
+    float file they are compared with."""
+    workdir = os.path.join(staging, "int8")
+    os.makedirs(workdir)
+    int8_path = os.path.join(workdir, "int8.onnx")
+    quantize_onnx(float_path, int8_path, calibration.batches(), num_batches=len(calibration.pixels),
+                  method=cfg.calibration_method, workdir=workdir)
     report = {"calibration_method": cfg.calibration_method, "calibration_data": cfg.calibration_data,
-              "calibration_samples": num_batches * batch_size, **quantized_convolutions(int8_path),
+              "calibration_samples": calibration.samples, **quantized_convolutions(int8_path),
               "top1_agreement": None, "max_abs_diff": None}
     print(f"quantized {report['quantized']} of {report['convolutions']} convolutions to int8 (QDQ, per-channel "
           f"weights), activations calibrated ({cfg.calibration_method}) on {report['calibration_samples']} "
           f"training images of {cfg.calibration_data}", flush=True)
     if cfg.verify:
-        result = compare_exports(float_path, int8_path, batches())
+        result = compare_exports(float_path, int8_path, calibration.batches())
         report.update(top1_agreement=result["top1_agreement"], max_abs_diff=result["max_abs_diff"])
         print(f"verify int8: top-1 agreement with the float model "
               f"{round(result['top1_agreement'] * result['samples'])}/{result['samples']} on the calibration "
@@ -241,7 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     exported = WithInputStage(net, normalization) if pixels else net
     exported.set_train(False)
     report = {"path": target, "file_format": file_format, "input": "uint8 NHWC" if pixels else "float32 NCHW",
-              "input_shape": input_layout(batch_size, height, width, pixels), "verified": False, "max_abs_diff": None, "top1_agreement": None, "max_abs_logit": None,
+              "input_shape": input_layout(batch_size, height, width, pixels), "verified": False,
+              "max_abs_diff": None, "top1_agreement": None, "max_abs_logit": None,
               "tolerance": cfg.verify_tolerance if cfg.verify else None, "quantization": None}
     dims = ["dynamic" if dynamic else batch_size] + report["input_shape"][1:]
     shape_text = f"{report['input']} ({', '.join(map(str, dims))})"
@@ -267,8 +282,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return 1
             report["verified"] = True
         if calibration:
-            staged, report["quantization"] = quantize_export(staged, cfg, calibration=calibration,
-                                                             batch_size=cfg.batch_size, staging=staging)
+            staged, report["quantization"] = quantize_export(staged, cfg, calibration=calibration, staging=staging)
         os.replace(staged, target)
     print(f"exported {file_format}{' int8' if calibration else ''} with input {shape_text} to {target}", flush=True)
     print(json.dumps(report), flush=True)

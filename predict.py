@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from src.data.host_stage import host_normalize, normalization_of
+from src.data.host_stage import normalization_of
 from src.dataset import DATASETS, IMAGE_EXTENSIONS, eval_image
 from src.deploy.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
                                   softmax, top_k)
@@ -79,13 +79,6 @@ def resolve_image_size(model: ExportedModel, requested: int) -> int:
     if known:
         return known[0]
     raise UserInputError(f"cannot read the input size of {model.path}; pass --image_size")
-
-
-def load_image(path: str, dataset: str, image_size: int, resize_size: int = 0,
-               interpolation: str = "bilinear") -> np.ndarray:
-    """One image file as a float-input file takes it: `load_pixels`, normalized (float32 CHW)."""
-    pixels = load_pixels(path, dataset, image_size, resize_size, interpolation)
-    return host_normalize(pixels[None], normalization_of(dataset))[0]
 
 
 def load_pixels(path: str, dataset: str, image_size: int, resize_size: int = 0,

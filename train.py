@@ -36,7 +36,7 @@ from src.training.distributed import (all_gather_ints, all_reduce_sum, check_fus
                                       check_resume_agreement, fusion_split_points, init_distributed,
                                       launcher_device_id, local_rank_count, set_data_parallel, writes_run_folder)
 from src.training.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
-from src.training.model_summary import model_summary, parameter_bytes, summary_line
+from src.training.model_summary import model_summary, parameter_bytes, parameter_counts, summary_line
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.training.report import evaluate_with_report, save_report
@@ -118,8 +118,7 @@ def create_network(cfg: Config, log=print):
         log(f"loaded pre-trained weights from {cfg.pre_trained}"
             + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""))
     if cfg.freeze_backbone:
-        trained = sum(int(np.prod(p.shape)) for p in net.trainable_params())
-        total = sum(int(np.prod(p.shape)) for p in net.get_parameters())
+        total, trained = parameter_counts(net)
         log(f"freeze_backbone: training the head only ({trained:,} of {total:,} values); BatchNorm in "
             f"inference mode")
     return net

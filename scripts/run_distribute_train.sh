@@ -77,7 +77,14 @@ if [[ -n $RANK_TABLE && -f $RANK_TABLE ]]; then
     TABLE_SIZE=${TABLE_RANKS[0]#RANK_SIZE }; TABLE_RANKS=("${TABLE_RANKS[@]:1}")
     [[ -z $WORKERS || $WORKERS -eq $TABLE_SIZE ]] ||
         die "--workers $WORKERS differs from the $TABLE_SIZE ranks in $RANK_TABLE; leave --workers out with a rank table"
+    [[ -z $LOCAL_WORKERS || $LOCAL_WORKERS -eq ${#TABLE_RANKS[@]} ]] ||
+        die "--local_workers $LOCAL_WORKERS differs from the ${#TABLE_RANKS[@]} ranks of server $NODE_RANK in $RANK_TABLE; leave --local_workers out with a rank table"
     WORKERS=$TABLE_SIZE; LOCAL_WORKERS=${#TABLE_RANKS[@]}
+    # msrun numbers ranks node_rank * local_workers + i: each server must hold exactly those ranks
+    for ((i = 0; i < LOCAL_WORKERS; i++)); do
+        [[ ${TABLE_RANKS[i]%% *} -eq $((NODE_RANK * LOCAL_WORKERS + i)) ]] ||
+            die "server $NODE_RANK of $RANK_TABLE has rank ${TABLE_RANKS[i]%% *} where msrun gives rank $((NODE_RANK * LOCAL_WORKERS + i)); number each server's ranks consecutively (server k: k*$LOCAL_WORKERS..)"
+    done
 fi
 WORKERS=${WORKERS:-8}
 LOCAL_WORKERS=${LOCAL_WORKERS:-$WORKERS}

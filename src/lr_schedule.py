@@ -1,7 +1,8 @@
 """Learning-rate schedules as pure functions returning one float32 value per training step.
 
 Every schedule warms up linearly from `lr_init` to `lr_max` over `warmup_steps`, then decays
-from `lr_max` towards `lr_end` by its rule. `start_step` cuts the front off, so a resumed run
+from `lr_max` towards `lr_end` by its rule (the THOR schedules at the end follow the model zoo's
+own rules instead). `start_step` cuts the front off, so a resumed run
 continues exactly where the schedule was.
 """
 import math

@@ -67,8 +67,9 @@ class ZeroBorder(nn.Cell):
         return ops.concat((columns, x, columns), 3)
 
 
-def batch_norm(channels: int) -> nn.BatchNorm2d:
-    return nn.BatchNorm2d(channels, eps=1e-5, momentum=0.9)
+def batch_norm(channels: int, eps: float = 1e-5) -> nn.BatchNorm2d:
+    """BatchNorm as torchvision's family has it (eps 1e-5); the model zoo's networks use ZOO_BN_EPS."""
+    return nn.BatchNorm2d(channels, eps=eps, momentum=0.9)
 
 
 class BasicBlock(nn.Cell):
@@ -196,14 +197,12 @@ class ResNet(Classifier):
 # Its names are the zoo's except the two this repo renames for every zoo checkpoint
 # (src/training/checkpoint.py ZOO_RENAMES): down_sample_layer -> downsample, end_point -> fc.
 
+ZOO_BN_EPS = 1e-4  # the zoo's BatchNorm eps (this repo's torchvision family: 1e-5)
+
+
 def same_conv(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1) -> nn.Conv2d:
     """A bias-free convolution padded as the zoo pads (pad_mode='same': asymmetric at stride 2)."""
     return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="same", has_bias=False)
-
-
-def zoo_batch_norm(channels: int) -> nn.BatchNorm2d:
-    """The zoo's BatchNorm: eps 1e-4 (this repo's torchvision family: 1e-5)."""
-    return nn.BatchNorm2d(channels, eps=1e-4, momentum=0.9)
 
 
 def halving_pool() -> nn.MaxPool2d:
@@ -228,15 +227,15 @@ class SEBottleneck(nn.Cell):
         self.strided = stride == 2
         self.squeeze_excite = squeeze_excite
         self.conv1 = same_conv(in_channels, channels, 1)
-        self.bn1 = zoo_batch_norm(channels)
+        self.bn1 = batch_norm(channels, ZOO_BN_EPS)
         if self.strided:
-            self.e2 = nn.SequentialCell([same_conv(channels, channels, 3), zoo_batch_norm(channels), nn.ReLU(),
-                                         halving_pool()])
+            self.e2 = nn.SequentialCell([same_conv(channels, channels, 3), batch_norm(channels, ZOO_BN_EPS),
+                                         nn.ReLU(), halving_pool()])
         else:
             self.conv2 = same_conv(channels, channels, 3)
-            self.bn2 = zoo_batch_norm(channels)
+            self.bn2 = batch_norm(channels, ZOO_BN_EPS)
         self.conv3 = same_conv(channels, out_channels, 1)
-        self.bn3 = zoo_batch_norm(out_channels)
+        self.bn3 = batch_norm(out_channels, ZOO_BN_EPS)
         if squeeze_excite:
             self.se_dense_0 = nn.Dense(out_channels, out_channels // 4)
             self.se_dense_1 = nn.Dense(out_channels // 4, out_channels)
@@ -247,9 +246,9 @@ class SEBottleneck(nn.Cell):
     def _shortcut(self, in_channels: int, out_channels: int) -> Optional[nn.SequentialCell]:
         if self.strided:
             return nn.SequentialCell([halving_pool(), same_conv(in_channels, out_channels, 1),
-                                      zoo_batch_norm(out_channels)])
+                                      batch_norm(out_channels, ZOO_BN_EPS)])
         if in_channels != out_channels:
-            return nn.SequentialCell([same_conv(in_channels, out_channels, 1), zoo_batch_norm(out_channels)])
+            return nn.SequentialCell([same_conv(in_channels, out_channels, 1), batch_norm(out_channels, ZOO_BN_EPS)])
         return None
 
     @property
@@ -283,11 +282,11 @@ class SEResNet50(Classifier):
     def __init__(self, num_classes: int = 1001):
         super().__init__()
         self.conv1_0 = same_conv(3, 32, 3, stride=2)
-        self.bn1_0 = zoo_batch_norm(32)
+        self.bn1_0 = batch_norm(32, ZOO_BN_EPS)
         self.conv1_1 = same_conv(32, 32, 3)
-        self.bn1_1 = zoo_batch_norm(32)
+        self.bn1_1 = batch_norm(32, ZOO_BN_EPS)
         self.conv1_2 = same_conv(32, 64, 3)
-        self.bn1 = zoo_batch_norm(64)
+        self.bn1 = batch_norm(64, ZOO_BN_EPS)
         self.relu = nn.ReLU()
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="same")
         self.layer1 = self._make_layer(64, 64, 3, stride=1, squeeze_excite=False)

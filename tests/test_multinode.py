@@ -106,8 +106,13 @@ def test_a_rank_table_of_two_servers_gives_each_server_its_ranks(tmp_path):
                       for line in lines])
     assert views[0] == [(r, r) for r in range(8)]
     assert views[1] == [(8 + r, 7 - r) for r in range(8)]
-    for options, names in ((["--node_rank", "2"], "outside rank table"), (["--workers", "8"], "differs from the 16")):
-        result = run(["bash", DIST_SH, table, "/data/imagenet", "config/resnet50_imagenet2012.yaml", *options,
+    interleaved = rank_table(tmp_path / "rank_table_interleaved.json", [[(2 * r, r) for r in range(8)],
+                                                                       [(2 * r + 1, r) for r in range(8)]])
+    for path, options, names in ((table, ["--node_rank", "2"], "outside rank table"),
+                                 (table, ["--workers", "8"], "differs from the 16"),
+                                 (table, ["--local_workers", "4"], "differs from the 8 ranks of server 0"),
+                                 (interleaved, [], "number each server's ranks consecutively")):
+        result = run(["bash", DIST_SH, path, "/data/imagenet", "config/resnet50_imagenet2012.yaml", *options,
                       "--dry_run"])
         assert result.returncode == 2 and names in result.stderr and len(result.stderr.strip().splitlines()) == 1
 

@@ -122,6 +122,7 @@ def test_predict_runs_the_int8_file(models, cifar_dir, tmp_path):
     in fixed batches of 16, the last one padded)."""
     from PIL import Image
 
+    from src.data.host_stage import host_normalize, normalization_of
     from src.dataset import CifarBinarySource
     from src.deploy.inference import ExportedModel
     from src.deploy.quantize import compare_exports
@@ -135,8 +136,9 @@ def test_predict_runs_the_int8_file(models, cifar_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     predictions = last_json(result.stdout)["predictions"]
     assert len(predictions) == 101
-    from predict import load_image
-    images = np.stack([load_image(str(folder / f"{i:03d}.png"), "cifar10", SIZE) for i in range(101)])
+    from predict import load_pixels  # as predict.py reads them, normalized as the float file takes them
+    pixels = np.stack([load_pixels(str(folder / f"{i:03d}.png"), "cifar10", SIZE) for i in range(101)])
+    images = host_normalize(pixels, normalization_of("cifar10"))
     expected = ExportedModel(path).predict(images).argmax(1)
     assert [p["top_k"][0]["index"] for p in predictions] == expected.tolist()
     # The float file on the same images: int8 changes few answers.

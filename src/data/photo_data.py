@@ -46,15 +46,20 @@ def render_photo(rng: np.random.Generator, width: int, height: int) -> np.ndarra
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
+def class_file(folder: str, index: int, classes: int) -> str:
+    """The path of image `index` in its class sub-folder (`class<index % classes>`), made if missing."""
+    class_folder = os.path.join(folder, f"class{index % classes}")
+    os.makedirs(class_folder, exist_ok=True)
+    return os.path.join(class_folder, f"{index:05d}.jpg")
+
+
 def write_photo_folder(folder: str, count: int, *, classes: int = 4, seed: int = 0) -> List[str]:
     """`count` photograph-like JPEGs in `classes` class sub-folders of `folder`; their paths."""
     rng = np.random.default_rng(seed)
     paths = []
     for index in range(count):
         width, height = PHOTO_SIZES[index % len(PHOTO_SIZES)]
-        class_folder = os.path.join(folder, f"class{index % classes}")
-        os.makedirs(class_folder, exist_ok=True)
-        path = os.path.join(class_folder, f"{index:05d}.jpg")
+        path = class_file(folder, index, classes)
         Image.fromarray(render_photo(rng, width, height)).save(path, "JPEG", quality=PHOTO_QUALITY)
         paths.append(path)
     return paths
@@ -66,9 +71,7 @@ def write_tiny_jpegs(folder: str, count: int, *, side: int = 16, classes: int = 
     rng = np.random.default_rng(seed)
     paths = []
     for index in range(count):
-        class_folder = os.path.join(folder, f"class{index % classes}")
-        os.makedirs(class_folder, exist_ok=True)
-        path = os.path.join(class_folder, f"{index:05d}.jpg")
+        path = class_file(folder, index, classes)
         Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(path, "JPEG", quality=PHOTO_QUALITY)
         paths.append(path)
     return paths
@@ -98,9 +101,7 @@ def write_real_photo_folder(folder: str, count: int, *, classes: int = 4, seed: 
         crop = scaled.crop((left, top, left + width, top + height))
         if rng.random() < 0.5:
             crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
-        class_folder = os.path.join(folder, f"class{index % classes}")
-        os.makedirs(class_folder, exist_ok=True)
-        path = os.path.join(class_folder, f"{index:05d}.jpg")
+        path = class_file(folder, index, classes)
         crop.save(path, "JPEG", quality=PHOTO_QUALITY)
         paths.append(path)
     return paths

@@ -46,33 +46,23 @@ def file_format_of(path: str) -> str:
     return fmt
 
 
-def _mindir_input_tensor(path: str):
-    """The TensorProto of a MINDIR file's first input, or None if unreadable."""
+def mindir_input(path: str) -> Tuple[Optional[Shape], bool]:
+    """A MINDIR file's first input, read from its protobuf once: its 4 dims (batch None when
+    dynamic; (batch, C, H, W) for a float file, (batch, H, W, 3) for one exported with the input
+    stage; None if unreadable) and whether it is uint8 (exported with the input stage)."""
     try:
         from mindspore.train import mind_ir_pb2  # pylint: disable=import-outside-toplevel
         model = mind_ir_pb2.ModelProto()
         with open(path, "rb") as handle:
             model.ParseFromString(handle.read())
-        return model.graph.input[0].tensor[0]
+        tensor = model.graph.input[0].tensor[0]
+        dims = [int(d) for d in tensor.dims]
+        pixels = tensor.data_type == mind_ir_pb2.TensorProto.DataType.UINT8
     except Exception:  # an internal format: callers fall back to asking the user
-        return None
-
-
-def mindir_input_shape(path: str) -> Optional[Shape]:
-    """The 4 dims of a MINDIR file's first input (batch None when dynamic): (batch, C, H, W) for a
-    float file, (batch, H, W, 3) for one exported with the input stage; None if unreadable."""
-    tensor = _mindir_input_tensor(path)
-    dims = [int(d) for d in tensor.dims] if tensor is not None else []
+        return None, False
     if len(dims) != 4:
-        return None
-    return (dims[0] if dims[0] > 0 else None, dims[1], dims[2], dims[3])
-
-
-def mindir_takes_pixels(path: str) -> bool:
-    """Whether a MINDIR file's first input is uint8 (exported with the input stage)."""
-    from mindspore.train import mind_ir_pb2  # pylint: disable=import-outside-toplevel
-    tensor = _mindir_input_tensor(path)
-    return tensor is not None and tensor.data_type == mind_ir_pb2.TensorProto.DataType.UINT8
+        return None, pixels
+    return (dims[0] if dims[0] > 0 else None, dims[1], dims[2], dims[3]), pixels
 
 
 class ExportedModel:
@@ -116,8 +106,7 @@ class ExportedModel:
         except Exception as err:  # the framework raises RuntimeError/ValueError alike here
             raise UserInputError(f"MindSpore cannot load {path} ({_first_line(err)}); "
                                  f"export the model again") from None
-        self.input_shape = mindir_input_shape(path)
-        self.takes_pixels = mindir_takes_pixels(path)
+        self.input_shape, self.takes_pixels = mindir_input(path)
 
     @property
     def fixed_batch(self) -> Optional[int]:

@@ -9,8 +9,8 @@ The input is a torchvision-style state dict (bare, or under `state_dict` / `mode
 `torch.load(..., weights_only=True)` so an untrusted file never runs code; or a MindSpore checkpoint
 with this repo's names or the model zoo's (`down_sample_layer`, `end_point`, `bn1d`/`bn2d`;
 optimizer state is dropped). The zoo's SE-ResNet50 (`--arch se-resnet50`) converts between
-MindSpore checkpoints only: torchvision has no such network. The format is detected from the file's first bytes. The output is a
-MindSpore checkpoint for `create_model(arch, num_classes)` (`--ckpt`), verified by loading it back
+MindSpore checkpoints only: torchvision has no such network. The format is detected from the
+file's first bytes. The output is a MindSpore checkpoint for `create_model(arch, num_classes)` (`--ckpt`), verified by loading it back
 into that network, or a torchvision-loadable state dict (`--pth_out`). `num_classes` comes from
 the head (`fc.weight`). torch is optional: only .pth files need it.
 """
@@ -28,8 +28,8 @@ import numpy as np
 from src.device import prefer_fast_cpu_convolutions
 from src.errors import OneLineParser, UserInputError, require_module, run_cli
 from src.resnet import ARCHS, NET_NAMES, ZOO_NETWORKS, create_model
-from src.training.checkpoint import (common_prefix, is_training_state, load_into_network, read_checkpoint,  # noqa: F401
-                                     repo_name, zoo_to_ms_name)
+from src.training.checkpoint import (ZOO_BUILT_STEM, common_prefix, is_training_state,  # noqa: F401
+                                     load_into_network, read_checkpoint, repo_name, zoo_to_ms_name)
 
 TORCH_PIN = "torch==2.13.0+cpu"
 INSTALL_HINT = (f"pip install {TORCH_PIN} (the CPU build: from https://download.pytorch.org/whl/cpu, or "
@@ -44,8 +44,6 @@ TORCH_BN_ORDER = ("weight", "bias", "running_mean", "running_var", "num_batches_
 _BN_MODULE = re.compile(r"(?:^|\.)(?:bn\d+|downsample\.1)$")
 # Where a training checkpoint keeps the model's state dict.
 WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
-# The stem of the zoo's SE-ResNet50 (its first convolution), which no torchvision-family network has.
-SE_RESNET_STEM = "conv1_0.weight"
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 MAX_LISTED = 8
 
@@ -98,11 +96,12 @@ def torch_state_dict_order(ms_names: Sequence[str]) -> List[str]:
 
 
 def guess_arch(params: Mapping[str, object]) -> Optional[str]:
-    """The network (in ARCHS) whose block layout and 3x3 grouping match these parameters, if any.
+    """The network (in NET_NAMES) whose block layout and 3x3 grouping match these parameters, if any:
+    the zoo's SE-ResNet50 by its three-convolution stem (ZOO_BUILT_STEM), no torchvision network has.
 
     `params` maps this repo's names to arrays or tensors: the shape of layer1.0.conv2.weight,
     [groups x width_per_group, width_per_group, 3, 3], tells ResNet, ResNeXt and Wide ResNet apart."""
-    if SE_RESNET_STEM in params:
+    if ZOO_BUILT_STEM in params:
         return "se-resnet50"
     names = list(params)
     blocks = []
@@ -313,7 +312,7 @@ def build_checked_network(source: Source, arch: str, num_classes: int):
         parts = [f"{kind} {len(names)} ({listed(names)})" for kind, names in described.items() if names]
         guessed = guess_arch(source.params)
         hint = (f"it looks like {guessed}: pass --arch {guessed}" if guessed and guessed != arch
-                else "check --arch and that the file is a torchvision-style ResNet")
+                else "check --arch and that the file is a torchvision-style ResNet (or the model zoo's SE-ResNet50)")
         raise UserInputError(f"{source.path} does not fit {arch} with {num_classes} classes: "
                              f"{'; '.join(parts)}; {hint}")
     return net
@@ -424,7 +423,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                     ".ckpt (--ckpt) or a torchvision state dict (--pth_out).")
     parser.add_argument("--arch", required=True, choices=list(NET_NAMES), help="this repo's network")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--pth", metavar="IN.pth", help="input: torchvision-style state dict (.pth/.pt), read with weights_only=True")
+    source.add_argument("--pth", metavar="IN.pth",
+                        help="input: torchvision-style state dict (.pth/.pt), read with weights_only=True")
     source.add_argument("--ckpt_in", "--zoo_ckpt", dest="ckpt_in", metavar="IN.ckpt",
                         help="input: MindSpore checkpoint, this repo's or the model zoo's names")
     parser.add_argument("--ckpt", metavar="OUT.ckpt", help="output: MindSpore checkpoint for this repo's network")

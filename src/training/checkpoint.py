@@ -25,8 +25,8 @@ STATE_SCALARS = {"global_step", "learning_rate", "momentum", "beta1_power", "bet
 ZOO_RENAMES = {"down_sample_layer": "downsample", "end_point": "fc", "bn1d": "bn1", "bn2d": "bn2"}
 # Stem convolutions that mark where a network's names start: the torchvision family's conv1 and
 # the zoo SE-ResNet50's conv1_0 (a network built as the zoo's: its checkpoints give the zoo's outputs).
-STEM_CONVS = ("conv1.weight", "conv1_0.weight")
 ZOO_BUILT_STEM = "conv1_0.weight"
+STEM_CONVS = ("conv1.weight", ZOO_BUILT_STEM)
 CHECKPOINT_NAME = re.compile(r"^(?P<net>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 BEST_NAME = "best.ckpt"
 MAX_LISTED = 8

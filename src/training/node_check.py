@@ -97,23 +97,26 @@ def read_rank_table(path: str) -> List[List[Tuple[int, int]]]:
 
 
 def server_ranks(path: str, node_rank: int) -> Tuple[int, List[Tuple[int, int]]]:
-    """(ranks in the job, this server's (rank id, device id) pairs): the server at position
-    `node_rank` in the table's server_list."""
+    """(ranks in the job, this server's (rank id, device id) pairs in rank order): the server at
+    position `node_rank` in the table's server_list."""
     servers = read_rank_table(path)
     if not 0 <= node_rank < len(servers):
         raise UserInputError(f"--node_rank {node_rank} is outside rank table {path}, which lists {len(servers)} "
                              f"server(s): use 0..{len(servers) - 1}")
-    return sum(len(server) for server in servers), servers[node_rank]
+    return sum(len(server) for server in servers), sorted(servers[node_rank])
 
 
 def cann_version() -> str:
     """The CANN toolkit's version line, or why there is none."""
     for pattern in CANN_VERSION_FILES:
         for path in glob.glob(pattern):
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    if "version" in line.lower():
-                        return line.strip()
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    for line in handle:
+                        if "version" in line.lower():
+                            return line.strip()
+            except OSError:
+                continue  # an unreadable file: try the next one
     return "not found (needed on Ascend only)"
 
 
@@ -220,12 +223,19 @@ def explain_failure(log_dir: str, *, node_rank: int, nodes: int, master: str, cl
     if lost and int(lost.group(1)) not in logs:
         return (f"rank {lost.group(1)} on another node stopped answering (it failed or its node was lost), so this "
                 f"node's ranks stopped; see that node's logs")
-    pids = dict(line.split() for line in _read(os.path.join(log_dir, "rank_pids.txt")).splitlines()
-                if len(line.split()) == 2)
+    pids = {pid: int(rank) for pid, rank in (line.split() for line in
+                                               _read(os.path.join(log_dir, "rank_pids.txt")).splitlines()
+                                               if len(line.split()) == 2 and line.split()[1].isdigit())}
     exited = WORKER_EXIT.search(_read(os.path.join(log_dir, "msrun.log")))
-    rank = pids.get(exited.group(1), "?") if exited else "?"
-    reason = _last_error(logs.get(int(rank), "")) if rank != "?" else ""
-    if exited and not LOST_CONTACT.search(logs.get(int(rank), "") if rank != "?" else ""):
+    rank = pids.get(exited.group(1)) if exited else None
+    if rank is None and nodes <= 1:
+        return f"msrun failed without naming a rank that exited; see {log_dir}/msrun.log"
+    if rank is None:
+        return (f"this node's ranks (node {node_rank}) stopped without one of them failing: a rank on another node "
+                f"failed or its node was lost; see the other nodes' logs (this node's: {log_dir})")
+    tail = "\n".join(logs.get(rank, "").splitlines()[-50:])  # the end of the log, not every INFO line
+    reason = _last_error(tail)
+    if nodes <= 1 or not LOST_CONTACT.search(tail):
         code = int(exited.group(2))
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         return (f"rank {rank} on this node (node {node_rank}) {how}" + (f": {reason}" if reason else "")

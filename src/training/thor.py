@@ -69,6 +69,9 @@ def check_thor(cfg: Any) -> None:
     if cfg.frequency < MIN_FREQUENCY:
         raise UserInputError(f"frequency (steps between THOR's matrix updates) must be >= {MIN_FREQUENCY}, "
                              f"got {cfg.frequency}")
+    if not 0 < cfg.damping_decay <= 1:
+        raise UserInputError(f"damping_decay must lie in (0, 1] (THOR's damping shrinks by it every 10 epochs), "
+                             f"got {cfg.damping_decay}; the zoo uses 0.5 and 0.6")
     if cfg.lr_end_epoch < cfg.epoch_size:  # the lr curve reaches 0 at lr_end_epoch
         raise UserInputError(f"lr_end_epoch {cfg.lr_end_epoch} is before the run's end at epoch_size "
                              f"{cfg.epoch_size}; raise lr_end_epoch (the zoo trains 45 of 53, 40 of 50 epochs)")
