@@ -210,7 +210,7 @@ def measure_runner(runner, batch: int, *, steps: int, repeats: int, calls: int) 
         result["train_compute_img_per_s"] = median_rate(runner.train_step, batch, steps=steps, repeats=repeats)
     for label, single in (("eval_batch_1", True), (f"eval_batch_{batch}", False)):
         runner.eval_step(single)  # warm-up (compiles the inference graph once)
-        result[label] = latency(lambda: runner.eval_step(single), 1 if single else batch, calls)
+        result[label] = latency(functools.partial(runner.eval_step, single), 1 if single else batch, calls)
     return result
 
 
@@ -433,7 +433,8 @@ def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
     for cores, workers in pipeline_settings():
         command = [sys.executable, os.path.abspath(__file__), "--worker", "pipelines",
                    "--photo_dir", json.dumps(folders), "--photos", str(args.photos),
-                   "--ceiling_images", str(args.ceiling_images), "--photo_batch", str(args.photo_batch), "--cores", str(cores), "--workers", str(workers),
+                   "--ceiling_images", str(args.ceiling_images), "--photo_batch", str(args.photo_batch),
+                   "--cores", str(cores), "--workers", str(workers),
                    "--repeats", str(args.repeats)]
         rows.append(_reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
                                              cwd=os.path.dirname(os.path.abspath(__file__))), "pipelines"))
@@ -501,7 +502,8 @@ def format_pipeline_table(section: Dict) -> str:
         lines.append(f"  {_setting(row):<18}{_cells(row, 'ceiling', ('ours', 'ours_threads', 'v2', 'native'))}"
                      f"{ratio['ceiling_ours']:>10}{ratio['ceiling_v2']:>10}"
                      f"{row['ceiling']['ours']['main_cpu_us']:>18}{row['ceiling']['native']['main_cpu_us']:>8}")
-    lines.append("  img/s; ours: create_dataset, plain recipe (worker processes; threads: data_worker_kind thread); v2: "
+    lines.append("  img/s; ours: create_dataset, plain recipe (worker processes; threads: data_worker_kind thread); "
+                 "v2: "
                  "resnet50_imagenet2012_v2.yaml's recipe (TrivialAugmentWide, erasing, mixup/cutmix, ra_reps 4); "
                  "native: MindSpore's C++ pipeline as the model zoo builds it; main us/img: the training process's own "
                  "CPU per sample (getrusage)")
@@ -546,7 +548,8 @@ def serve(args: argparse.Namespace) -> int:
         init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads)
         runner = MindSporeRunner(args.net, args.batch_size, args.image_size)
     elif args.worker in ONNX_WORKERS:
-        runner = OnnxRunner(args.onnx_files.split(","), args.threads, host_normalize=args.worker == "onnxruntime_hostnorm")
+        runner = OnnxRunner(args.onnx_files.split(","), args.threads,
+                            host_normalize=args.worker == "onnxruntime_hostnorm")
     else:
         runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads)
 
@@ -719,16 +722,17 @@ def _ratios(report: Dict) -> Dict[str, float]:
 
 def format_table(reports: List[Dict]) -> str:
     lines = []
+
+    def row(label: str, ms_value, torch_value=None, ratio=None):
+        torch_text = "" if torch_value is None else torch_value
+        ratio_text = "" if ratio is None else ratio
+        lines.append(f"  {label:<38}{ms_value:>22}{torch_text:>22}{ratio_text:>8}")
+
     for r in reports:
         ms_result, torch_result = r["mindspore"], r.get("torch")
         lines.append(f"{r['net']} batch {r['batch_size']} @ {r['image_size']}px, {r['threads']} threads, "
                      f"{r['workers']} pipeline workers")
         lines.append(f"  {'measure':<38}{'MindSpore':>22}{'PyTorch':>22}{'ratio':>8}")
-
-        def row(label: str, ms_value, torch_value=None, ratio=None):
-            torch_text = "" if torch_value is None else torch_value
-            ratio_text = "" if ratio is None else ratio
-            lines.append(f"  {label:<38}{ms_value:>22}{torch_text:>22}{ratio_text:>8}")
 
         row("graph compile (s)", ms_result["compile_s"])
         row("train img/s (compute)", ms_result["train_compute_img_per_s"],
@@ -757,8 +761,8 @@ def _deployment_rows(r: Dict) -> List[str]:
     (float, and int8 where onnx is installed), with the speed-ups of the ONNX files."""
     paths = [name for name in ("mindspore", "torch", "onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels",
                                "onnxruntime_int8") if name in r]
-    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "ort int8",
-              "onnxruntime_hostnorm": "ort+norm", "onnxruntime_pixels": "ort pixels"}
+    titles = {"mindspore": "MindSpore", "torch": "PyTorch", "onnxruntime": "onnxruntime",
+              "onnxruntime_int8": "ort int8", "onnxruntime_hostnorm": "ort+norm", "onnxruntime_pixels": "ort pixels"}
     short = {"onnxruntime": "ort", "onnxruntime_int8": "int8", "onnxruntime_hostnorm": "norm",
              "onnxruntime_pixels": "pixels"}
     speedups = [(p, other) for p, others in (("onnxruntime", ("mindspore", "torch")),
@@ -778,7 +782,8 @@ def _deployment_rows(r: Dict) -> List[str]:
                  f"ort+norm: the same file after host normalization of a uint8 NHWC batch; ort pixels: the file "
                  f"exported with the input stage (--export_input_stage True) on that uint8 batch")
     if "onnxruntime_int8" in r:
-        lines.append("  ort int8: the same files quantized as export.py --quantize int8 does (QDQ, per-channel weights)")
+        lines.append("  ort int8: the same files quantized as export.py --quantize int8 does "
+                     "(QDQ, per-channel weights)")
     return lines
 
 

@@ -47,16 +47,21 @@ import tempfile
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 
 from src.config import Config, load_config
 from src.data.host_stage import Normalization, host_normalize, normalization_of
 from src.data.input_stage import WithInputStage
 from src.dataset import create_dataset
 from src.deploy.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input, seeded_pixels
-from src.deploy.quantize import CALIBRATION_METHODS, compare_exports, quantize_onnx, quantized_convolutions, \
-    require_quantization
+from src.deploy.quantize import (
+    CALIBRATION_METHODS,
+    compare_exports,
+    quantize_onnx,
+    quantized_convolutions,
+    require_quantization,
+)
 from src.device import init_device
 from src.errors import UserInputError, run_cli
 from src.resnet import create_model

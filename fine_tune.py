@@ -35,7 +35,8 @@ def fine_tune_argv(argv: Sequence[str]) -> List[str]:
     checkpoint = str(keys["checkpoint_path"] or "")
     if not checkpoint.endswith(".ckpt"):
         raise UserInputError(f"checkpoint_path {checkpoint!r} does not name a pre-trained .ckpt file; set "
-                             f"checkpoint_path (in the config file or --checkpoint_path) to the checkpoint to fine-tune")
+                             f"checkpoint_path (in the config file or --checkpoint_path) to the checkpoint to "
+                             f"fine-tune")
     lr = str(keys["learning_rate"] if keys["learning_rate"] is not None else DEFAULT_LEARNING_RATE)
     own = ["--pre_trained", checkpoint, "--filter_weight", "True", "--freeze_backbone", "True",
            "--lr_decay_mode", "constant", "--lr_init", lr, "--lr_max", lr, "--warmup_epochs", "0",

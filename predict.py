@@ -29,8 +29,15 @@ from PIL import Image
 
 from src.data.host_stage import normalization_of
 from src.dataset import DATASETS, IMAGE_EXTENSIONS, eval_image
-from src.deploy.inference import (ExportedModel, file_format_of, list_images, read_class_names, require_onnxruntime,
-                                  softmax, top_k)
+from src.deploy.inference import (
+    ExportedModel,
+    file_format_of,
+    list_images,
+    read_class_names,
+    require_onnxruntime,
+    softmax,
+    top_k,
+)
 from src.device import DEVICE_TARGETS, init_device
 from src.errors import OneLineParser, UserInputError, run_cli
 

@@ -11,30 +11,63 @@ import shlex
 import sys
 from typing import Optional, Sequence, Tuple
 
-import numpy as np
 import mindspore as ms
 import mindspore.dataset as mds
+import numpy as np
 from mindspore.train import Model
 
 from src.config import Config, load_config, run_dir, save_config
 from src.data.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
 from src.data.image_decode import partial_decoder
-from src.dataset import (Augmentation, create_dataset, create_eval_dataset, create_source, create_train_input_stage,
-                         set_start_epoch)
+from src.dataset import (
+    Augmentation,
+    create_dataset,
+    create_eval_dataset,
+    create_source,
+    create_train_input_stage,
+    set_start_epoch,
+)
 from src.device import cap_workers, init_device
 from src.errors import UserInputError, run_cli
 from src.files import remove_stale_temporaries
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule, create_thor_lr_schedule
 from src.resnet import create_model
-from src.training.callbacks import (CheckpointSaver, EvalMonitor, FinalState, ProfilerMonitor, RecordPlotter,
-                                    StepCounter, TrainMonitor)
-from src.training.checkpoint import (BEST_NAME, find_latest, list_checkpoints, load_into_network, load_pretrained,
-                                     network_mismatches, network_params, raise_if_mismatched, read_checkpoint,
-                                     restore_training_state, training_position)
-from src.training.distributed import (all_gather_ints, all_reduce_sum, check_fusion_points, check_output_storage,
-                                      check_resume_agreement, fusion_split_points, init_distributed,
-                                      launcher_device_id, local_rank_count, set_data_parallel, writes_run_folder)
+from src.training.callbacks import (
+    CheckpointSaver,
+    EvalMonitor,
+    FinalState,
+    ProfilerMonitor,
+    RecordPlotter,
+    StepCounter,
+    TrainMonitor,
+)
+from src.training.checkpoint import (
+    BEST_NAME,
+    find_latest,
+    list_checkpoints,
+    load_into_network,
+    load_pretrained,
+    network_mismatches,
+    network_params,
+    raise_if_mismatched,
+    read_checkpoint,
+    restore_training_state,
+    training_position,
+)
+from src.training.distributed import (
+    all_gather_ints,
+    all_reduce_sum,
+    check_fusion_points,
+    check_output_storage,
+    check_resume_agreement,
+    fusion_split_points,
+    init_distributed,
+    launcher_device_id,
+    local_rank_count,
+    set_data_parallel,
+    writes_run_folder,
+)
 from src.training.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
 from src.training.model_summary import model_summary, parameter_bytes, parameter_counts, summary_line
 from src.training.optimizer import check_optimizer, create_optimizer
@@ -431,8 +464,8 @@ def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, write
         weights = best if found else f"the final weights of {folder}"
         log(f"report of {weights}: top-1 {result['top_1_accuracy']:.4f} top-5 {result['top_5_accuracy']:.4f} "
             f"ECE {result['ece']:.4f} on {result['samples']} images, in {os.path.join(folder, 'report')}")
-        save_report(os.path.join(folder, "report"), report, source=eval_dataset.sample_source, num_classes=cfg.class_num,
-                    title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
+        save_report(os.path.join(folder, "report"), report, source=eval_dataset.sample_source,
+                    num_classes=cfg.class_num, title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
 
 
 def train_rest_of_epoch(cfg: Config, model: Model, callbacks: list, *, rank: int, group_size: int, folder: str,

@@ -13,8 +13,14 @@ import yaml
 
 from src.errors import UserInputError
 from src.files import write_atomic
-from src.migration.zoo_config import (IGNORED_KEYS, RENAMED_KEYS, check_optimizer_available, ignored_line,
-                                      refuse_if_active, translate_zoo_keys)
+from src.migration.zoo_config import (
+    IGNORED_KEYS,
+    RENAMED_KEYS,
+    check_optimizer_available,
+    ignored_line,
+    refuse_if_active,
+    translate_zoo_keys,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")

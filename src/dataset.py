@@ -18,18 +18,24 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import cv2
-import numpy as np
-from PIL import Image
-
 import mindspore.dataset as ds
 import mindspore.dataset.vision as vision
+import numpy as np
+from PIL import Image
 
 from src.data.auto_augment import create_policy, interpolation_mode
 from src.data.bad_samples import UNREADABLE_ERRORS, BadSampleLog, bad_sample_limit, reason_of, sample_name
 from src.data.batch_mixing import check_mixing, draw_mix
-from src.data.image_decode import crop_resize, open_image
 from src.data.host_stage import (  # noqa: F401 (statistics and normalization re-exported for callers of this face)
-    CIFAR_MEAN, CIFAR_STD, IMAGENET_MEAN, IMAGENET_STD, NO_MIX, host_normalize, normalization_of)
+    CIFAR_MEAN,
+    CIFAR_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    NO_MIX,
+    host_normalize,
+    normalization_of,
+)
+from src.data.image_decode import crop_resize, open_image
 from src.data.input_stage import TrainInputStage
 from src.data.random_erasing import erase_box
 from src.deploy.inference import read_class_names

@@ -55,8 +55,9 @@ def create_lr_schedule(mode: str, *, lr_init: float, lr_max: float, lr_end: floa
                        power: float = 2.0) -> np.ndarray:
     """Per-step learning rates for steps [start_step, total_steps).
 
-    mode: constant | linear | cosine | poly | steps | step (the model zoo's four fixed steps). `milestones` (in steps) and `gamma` drive
-    'steps': lr_max * gamma ** (number of milestones <= step). `power` drives 'poly'.
+    mode: constant | linear | cosine | poly | steps | step (the model zoo's four fixed steps).
+    `milestones` (in steps) and `gamma` drive 'steps': lr_max * gamma ** (number of milestones <=
+    step). `power` drives 'poly'.
     """
     if mode not in LR_DECAY_MODES:
         raise UserInputError(f"unknown lr_decay_mode '{mode}'; choose one of {', '.join(LR_DECAY_MODES)}")

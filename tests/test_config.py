@@ -6,7 +6,6 @@ import pytest
 import yaml
 
 from conftest import PYTHON, REPO, run
-
 from src.config import Config, load_config, run_dir, save_config
 from src.errors import UserInputError
 

@@ -10,10 +10,9 @@ import pickle
 import re
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 import pytest
-
-import mindspore as ms
 from mindspore import Tensor, nn
 
 from conftest import PYTHON, run
@@ -141,6 +140,7 @@ def make_torch_resnet(arch: str, num_classes: int, seed: int):
     relative grow to ~1e-4 on the logits, in either framework against the other), which would test
     the random network's conditioning instead of the conversion."""
     import torch
+
     from src.migration import torch_resnet
 
     torch.manual_seed(seed)
@@ -234,6 +234,7 @@ def test_parity_logits_agree_within_1e_4(arch, torch_files, converted):
 @pytest.mark.parametrize("arch", list(CLASSES))
 def test_round_trip_pth_ckpt_pth_is_exact(arch, torch_files, converted, tmp_path):
     import torch
+
     from src.migration import torch_resnet
 
     _, state = torch_files[arch]
@@ -252,6 +253,7 @@ def test_model_zoo_checkpoint_imports(converted, tmp_path):
     """A zoo-style resnet18 training checkpoint (bn1d/bn2d, down_sample_layer, end_point with 1001
     classes, Momentum slots, lr and step) converts with the same command, to .ckpt and to .pth."""
     import torch
+
     from src.migration import torch_resnet
 
     ours = ms.load_checkpoint(str(converted["resnet18"][0]))

@@ -2,7 +2,6 @@
 import os
 
 from conftest import PYTHON, run
-
 from src.data.sample_data import write_sample_data
 
 

@@ -5,15 +5,23 @@ import hashlib
 import json
 from collections import Counter
 
+import mindspore as ms
 import numpy as np
 import pytest
-import mindspore as ms
 from mindspore import Tensor
 from PIL import Image
 
 from conftest import PYTHON, REPO, run
-from src.data.auto_augment import (AUGMIX_OPS, BASIC_OPS, POLICIES, TrivialAugmentWide, apply_op, create_policy,
-                                   magnitude_bins, ops_in)
+from src.data.auto_augment import (
+    AUGMIX_OPS,
+    BASIC_OPS,
+    POLICIES,
+    TrivialAugmentWide,
+    apply_op,
+    create_policy,
+    magnitude_bins,
+    ops_in,
+)
 from src.data.batch_mixing import draw_mix, mix_batch, one_hot
 from src.data.host_stage import IMAGENET_MEAN, IMAGENET_STD, host_mix, host_normalize, normalization_of
 from src.data.random_erasing import erase, erase_box

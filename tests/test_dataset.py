@@ -10,9 +10,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from src.dataset import (CIFAR_MEAN, CIFAR_RECORD_BYTES, CIFAR_STD, EpochSampler, ImageFolderSource,
-                         create_dataset, create_source, eval_image, folder_eval_transform, host_normalize,
-                         set_start_epoch)
+from src.dataset import (
+    CIFAR_MEAN,
+    CIFAR_RECORD_BYTES,
+    CIFAR_STD,
+    EpochSampler,
+    ImageFolderSource,
+    create_dataset,
+    create_source,
+    eval_image,
+    folder_eval_transform,
+    host_normalize,
+    set_start_epoch,
+)
 from src.errors import UserInputError, user_error_message
 
 N_TRAIN, N_TEST = 200, 101

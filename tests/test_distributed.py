@@ -7,10 +7,9 @@ import signal
 import subprocess
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 import pytest
-
-import mindspore as ms
 
 from conftest import PYTHON, REPO, run, wait_for_step
 from netns import free_port, two_nodes, unavailable
@@ -211,7 +210,7 @@ def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):
     assert launched.returncode == 0, launched.stdout[-2000:]
     reports = []
     for rank in (0, 1):
-        lines = [l for l in (logs / f"worker_{rank}.log").read_text().splitlines() if l.startswith("{")]
+        lines = [line for line in (logs / f"worker_{rank}.log").read_text().splitlines() if line.startswith("{")]
         reports.append(json.loads(lines[-1]))
     assert expected["samples"] == 101
     for report in reports:

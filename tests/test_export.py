@@ -84,6 +84,7 @@ def exported(workdir, checkpoints):
 def reference_logits(net_name: str, ckpt: Path, dataset: str, data: Path) -> Tuple[np.ndarray, np.ndarray]:
     """The checkpoint network on the evaluation pipeline of src/dataset.py: (logits, labels)."""
     import mindspore as ms
+
     from src.dataset import create_dataset, host_normalize
     from src.resnet import create_model
     from src.training.checkpoint import load_into_network

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from mindspore import Tensor, nn
 from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
+from PIL import Image
 
 from conftest import PYTHON, REPO, run
 from src.data.bad_samples import BadSampleLog, bad_sample_limit, scan_unreadable

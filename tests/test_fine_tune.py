@@ -2,9 +2,9 @@
 stay as loaded, and no gradient crosses the backbone."""
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 import pytest
-import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from conftest import PYTHON, REPO, run

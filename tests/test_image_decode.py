@@ -13,8 +13,17 @@ import pytest
 from PIL import Image
 
 from src.data.bad_samples import UnreadableImageError
-from src.data.image_decode import (EDGE_COLUMNS, JpegFile, crop_resize, dct_scale, decode_jpeg_region, jpeg_frame,
-                                   open_image, partial_decoder, _decode_with_pillow)
+from src.data.image_decode import (
+    EDGE_COLUMNS,
+    JpegFile,
+    _decode_with_pillow,
+    crop_resize,
+    dct_scale,
+    decode_jpeg_region,
+    jpeg_frame,
+    open_image,
+    partial_decoder,
+)
 from src.data.photo_data import render_photo
 from src.dataset import EVAL_CROP_RATIO, folder_eval_transform, folder_train_transform, random_resized_crop_box
 

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from src.errors import UserInputError
-from src.lr_schedule import (LR_DECAY_MODES, create_lr_schedule, create_thor_damping_schedule,
-                             create_thor_lr_schedule)
+from src.lr_schedule import LR_DECAY_MODES, create_lr_schedule, create_thor_damping_schedule, create_thor_lr_schedule
 
 COMMON = dict(lr_init=0.02, lr_max=0.1, lr_end=0.02, total_steps=6, warmup_steps=2)
 WARMUP = [0.02, 0.06]

@@ -1,7 +1,6 @@
 """Evaluation counts: ties, non-finite logits, and the summary."""
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 
 from src.training.metrics import ClassificationCounts, summarize
 

@@ -3,11 +3,11 @@ of several servers, a node that never joins, node-local run folders and the resu
 (Training on two nodes: tests/test_distributed.py.)"""
 import json
 import os
-from importlib import metadata
 import re
 import signal
 import socket
 import subprocess
+from importlib import metadata
 
 import pytest
 

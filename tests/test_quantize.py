@@ -7,9 +7,9 @@ from typing import Dict
 
 import numpy as np
 import pytest
+from test_export import CONFIG, SIZE, last_json, one_error_line
 
 from conftest import PYTHON, run
-from test_export import CONFIG, SIZE, last_json, one_error_line
 
 # Four epochs reach ~0.75 top-1 on the 101 test images (one epoch stays near chance, where an
 # accuracy cost would mean nothing); about 15 s of training.

@@ -5,11 +5,10 @@ import json
 import os
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 import pytest
 from PIL import Image
-
-import mindspore as ms
 
 from conftest import PYTHON, REPO, run
 from src.dataset import CifarBinarySource

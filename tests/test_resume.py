@@ -8,11 +8,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 import pytest
 from PIL import Image
-
-import mindspore as ms
 
 from conftest import PYTHON, REPO, run, wait_for_step
 from src.training.checkpoint import EMA_PREFIX, network_part, read_checkpoint, rotate

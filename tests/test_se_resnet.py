@@ -5,11 +5,11 @@ import json
 from pathlib import Path
 from typing import List
 
+import mindspore as ms
 import numpy as np
 import pytest
-
-import mindspore as ms
 from mindspore import nn
+
 from conftest import PYTHON, run
 from src.errors import UserInputError
 from src.resnet import create_model

@@ -5,6 +5,7 @@ everything before a device trains: the checks, the split points and the schedule
 to nn.thor, and the one-line refusal of a real train.py run on CPU."""
 import numpy as np
 import pytest
+from test_zoo import one_line_error
 
 import train
 from conftest import PYTHON, run
@@ -13,9 +14,7 @@ from src.errors import UserInputError
 from src.resnet import create_model
 from src.training.distributed import fusion_split_points
 from src.training.optimizer import parameter_kinds
-from src.training.thor import (check_thor, create_thor_optimizer, thor_conflicts, thor_damping,
-                               thor_layer_points)
-from test_zoo import one_line_error
+from src.training.thor import check_thor, create_thor_optimizer, thor_conflicts, thor_damping, thor_layer_points
 
 THOR_ARGS = ["--optimizer", "Thor", "--device_target", "Ascend", "--net_name", "resnet50", "--epoch_size", "4",
              "--lr_end_epoch", "5", "--lr_init", "0.1", "--lr_decay", "2", "--damping_init", "0.04",

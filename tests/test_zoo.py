@@ -72,7 +72,8 @@ FAST = ["--device_target", "CPU", "--log_interval", "1"]
 def write_zoo_file(path: Path, values: dict, helps: dict = HELP) -> Path:
     """A zoo-style config file: the values document, `---`, the help document."""
     text = "# Builtin Configurations\n" + yaml.safe_dump(values, sort_keys=False)
-    path.write_text(text + "\n---\n# Help description for each configuration\n" + yaml.safe_dump(helps, sort_keys=False))
+    helps_text = yaml.safe_dump(helps, sort_keys=False)
+    path.write_text(text + "\n---\n# Help description for each configuration\n" + helps_text)
     return path
 
 
@@ -198,6 +199,7 @@ def test_zoo_checkpoint_evaluates_like_the_converted_one(cifar_zoo_run, zoo_file
     optimizer slots) evaluates through eval.py to the top-1 of the run's own evaluation; converting it
     (src.migration.convert_torch) gives back exactly the run's tensors, so the converted file scores the same."""
     import mindspore as ms
+
     from src.migration.convert_torch import read_source
     from src.training.checkpoint import zoo_to_ms_name
     folder, _ = cifar_zoo_run
@@ -296,7 +298,8 @@ def test_local_ranks_come_from_the_launcher(monkeypatch):
 @pytest.mark.parametrize("script, args, expected", [
     # bash run_standalone_train.sh [DATASET_PATH] [CONFIG_PATH] [RESUME_CKPT]
     ("run_standalone_train.sh", ["/data/cifar", "zoo.yaml", "/ckpt/resnet-90_195.ckpt"],
-     ["train.py", "--config_path", "zoo.yaml", "--data_path", "/data/cifar", "--resume_ckpt", "/ckpt/resnet-90_195.ckpt"]),
+     ["train.py", "--config_path", "zoo.yaml", "--data_path", "/data/cifar",
+      "--resume_ckpt", "/ckpt/resnet-90_195.ckpt"]),
     # ... [RUN_EVAL] [EVAL_DATASET_PATH] [RESUME_CKPT], next to our own options
     ("run_standalone_train.sh", ["/data/cifar", "zoo.yaml", "True", "/data/val", "/c.ckpt", "--epoch_size", "3"],
      ["train.py", "--config_path", "zoo.yaml", "--data_path", "/data/cifar", "--run_eval", "True",

@@ -10,17 +10,17 @@ import re
 import shutil
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 import pytest
+from test_zoo import HEAD, RUN, TAIL, TRAIN, one_line_error, write_zoo_file
 
-import mindspore as ms
 import train
 from conftest import PYTHON, run
 from src.config import load_config
 from src.dataset import DATASETS
 from src.errors import UserInputError
 from src.resnet import NET_NAMES, create_model
-from test_zoo import HEAD, RUN, TAIL, TRAIN, one_line_error, write_zoo_file
 
 SMALL = {"epoch_size": 1, "warmup_epochs": 0, "train_image_size": 32, "eval_image_size": 32, "batch_size": 64}
 CIFAR = {"class_num": 10, "dataset": "cifar10", "lr_decay_mode": "poly", "conv_init": "XavierUniform",

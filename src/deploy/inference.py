@@ -11,7 +11,6 @@ import numpy as np
 from src.data.host_stage import Normalization, host_normalize
 from src.errors import UserInputError, require_module
 
-
 EXTENSIONS = {".mindir": "MINDIR", ".onnx": "ONNX", ".air": "AIR"}
 ONNXRUNTIME_HINT = "pip install onnxruntime (or pip install -r requirements-dev.txt)"
 # fp32 outputs of an export may differ from the checkpoint network by float rounding only.

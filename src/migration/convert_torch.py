@@ -8,11 +8,11 @@ The input is a torchvision-style state dict (bare, or under `state_dict` / `mode
 `model_state_dict` of a training checkpoint, with or without a `module.` prefix), read with
 `torch.load(..., weights_only=True)` so an untrusted file never runs code; or a MindSpore checkpoint
 with this repo's names or the model zoo's (`down_sample_layer`, `end_point`, `bn1d`/`bn2d`;
-optimizer state is dropped). The zoo's SE-ResNet50 (`--arch se-resnet50`) converts between
-MindSpore checkpoints only: torchvision has no such network. The format is detected from the
-file's first bytes. The output is a MindSpore checkpoint for `create_model(arch, num_classes)` (`--ckpt`), verified by loading it back
-into that network, or a torchvision-loadable state dict (`--pth_out`). `num_classes` comes from
-the head (`fc.weight`). torch is optional: only .pth files need it.
+optimizer state is dropped). The zoo's SE-ResNet50 (`--arch se-resnet50`) converts between MindSpore
+checkpoints only: torchvision has no such network. The format is detected from the file's first
+bytes. The output is a MindSpore checkpoint for `create_model(arch, num_classes)` (`--ckpt`),
+verified by loading it back into that network, or a torchvision-loadable state dict (`--pth_out`).
+`num_classes` comes from the head (`fc.weight`). torch is optional: only .pth files need it.
 """
 import argparse
 import os
@@ -28,8 +28,15 @@ import numpy as np
 from src.device import prefer_fast_cpu_convolutions
 from src.errors import OneLineParser, UserInputError, require_module, run_cli
 from src.resnet import ARCHS, NET_NAMES, ZOO_NETWORKS, create_model
-from src.training.checkpoint import (ZOO_BUILT_STEM, common_prefix, is_training_state,  # noqa: F401
-                                     load_into_network, read_checkpoint, repo_name, zoo_to_ms_name)
+from src.training.checkpoint import (  # noqa: F401
+    ZOO_BUILT_STEM,
+    common_prefix,
+    is_training_state,
+    load_into_network,
+    read_checkpoint,
+    repo_name,
+    zoo_to_ms_name,
+)
 
 TORCH_PIN = "torch==2.13.0+cpu"
 INSTALL_HINT = (f"pip install {TORCH_PIN} (the CPU build: from https://download.pytorch.org/whl/cpu, or "

@@ -25,8 +25,15 @@ import numpy as np
 
 from src.device import DEVICE_TARGETS, init_device
 from src.errors import OneLineParser, UserInputError, run_cli
-from src.migration.convert_torch import common_prefix, find_state_dict, guess_arch, import_torch, listed, \
-    load_torch_file, torch_to_ms_name
+from src.migration.convert_torch import (
+    common_prefix,
+    find_state_dict,
+    guess_arch,
+    import_torch,
+    listed,
+    load_torch_file,
+    torch_to_ms_name,
+)
 from src.resnet import ARCHS, create_model
 from src.training.checkpoint import load_into_network
 

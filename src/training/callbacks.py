@@ -9,14 +9,22 @@ import os
 import time
 from typing import Callable, Optional, Sequence
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, nn
 from mindspore.train import Callback
 
 from src.files import warn_if_low_space, write_atomic
-from src.training.checkpoint import (BEST_NAME, EMA_PREFIX, NonFiniteWeightsError, checkpoint_name, ema_part,
-                                     list_checkpoints, rotate, save_atomic)
+from src.training.checkpoint import (
+    BEST_NAME,
+    EMA_PREFIX,
+    NonFiniteWeightsError,
+    checkpoint_name,
+    ema_part,
+    list_checkpoints,
+    rotate,
+    save_atomic,
+)
 from src.training.metrics import evaluate
 from src.training.run_record import RunRecord
 

@@ -6,8 +6,8 @@ import os
 import re
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, nn
 
 from src.errors import UserInputError

@@ -2,8 +2,8 @@
 import os
 from typing import List, Optional, Sequence, Tuple
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from src.errors import UserInputError

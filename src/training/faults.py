@@ -39,9 +39,10 @@ def overflow_skipped(outputs) -> bool:
 
 class DivergenceGuard(StepCounter):
     """Stops the run after `patience` consecutive steps with a non-finite loss, or when the weights
-    hold NaN/Inf at an epoch end or before a checkpoint is saved (`check_weights`). Under dynamic loss scaling (`skips_overflow`), an overflow step is
-    skipped by the scaler and neither counts nor resets the count. Put it first among the callbacks,
-    so it stops the run before any epoch-end checkpoint or evaluation sees the bad weights."""
+    hold NaN/Inf at an epoch end or before a checkpoint is saved (`check_weights`). Under dynamic
+    loss scaling (`skips_overflow`), an overflow step is skipped by the scaler and neither counts nor
+    resets the count. Put it first among the callbacks, so it stops the run before any epoch-end
+    checkpoint or evaluation sees the bad weights."""
 
     def __init__(self, *, patience: int, steps_per_epoch: int, lrs: Sequence[float], skips_overflow: bool,
                  hints: str, first_step: int = 0):

@@ -7,8 +7,8 @@ anything else does not decay. LARS's trust ratio likewise applies to Conv2d/Dens
 """
 from typing import Dict, List, Tuple, Union
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, nn, ops
 
 from src.errors import UserInputError
