@@ -2,6 +2,10 @@
 # The demo: set up .venv, write the sample dataset, train ResNet18 on it, evaluate, print top-1/top-5.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    echo "usage: bash scripts/run_demo.sh [--KEY VALUE ...]   (config overrides for the demo's training, e.g. --epoch_size 1)"
+    exit 0
+fi
 bash "$ROOT/scripts/setup_env.sh" "$ROOT/requirements.txt"
 source "$ROOT/scripts/common.sh"
 DATA="$ROOT/data/sample"

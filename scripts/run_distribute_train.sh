@@ -26,7 +26,7 @@ Options:
   --dry_run          print the launch command(s) and exit
 
 Several servers: the same command on every server, --node_rank 0..N-1, --master_addr of node 0
-(README "Two servers and more").
+(docs/distributed.md, "Two servers and more").
 Other --KEY VALUE pairs are config overrides for train.py.
 
 Logs: <run folder>/logs/<time>/worker_<rank>.log (msrun) or rank_<rank>.log (rank table); the console

@@ -3,6 +3,10 @@
 # Idempotent: it reinstalls only when the requirements file changed since the last install.
 #   bash scripts/setup_env.sh [REQUIREMENTS_FILE]      (default: requirements.txt)
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    echo "usage: bash scripts/setup_env.sh [REQUIREMENTS_FILE]   (default: requirements.txt; requirements-dev.txt adds the test tools)"
+    exit 0
+fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REQUIREMENTS=${1:-"$ROOT/requirements.txt"}
 VENV="$ROOT/.venv"
@@ -26,7 +30,7 @@ fi
 
 # libjpeg-turbo's partial JPEG decoder for the ImageNet pipeline (src/data/native/jpeg_crop.c): built
 # when missing or older than its source. Without a C compiler and libjpeg's headers the pipeline
-# decodes with Pillow instead (slower; see README "ImageNet input pipeline").
+# decodes with Pillow instead (slower; see docs/data.md).
 DECODER_SOURCE="$ROOT/src/data/native/jpeg_crop.c"
 DECODER="$ROOT/src/data/native/libjpeg_crop.so"
 if [[ ! -f $DECODER || $DECODER_SOURCE -nt $DECODER ]]; then

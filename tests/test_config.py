@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from conftest import PYTHON, REPO, run
-from src.config import Config, load_config, run_dir, save_config
+from src.config import Config, load_config, read_yaml, run_dir, save_config
 from src.errors import UserInputError
 
 SCHEMA = {
@@ -209,8 +209,7 @@ def test_config_folder_is_not_empty():
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
 def test_every_config_file_loads_with_the_reference_keys(path):
     cfg = load_config(["--config_path", path])
-    with open(REFERENCE, encoding="utf-8") as handle:
-        reference = yaml.safe_load(handle)
+    reference = read_yaml(str(REFERENCE))
     assert set(cfg.to_dict()) - {"config_path"} == set(reference)
     # the same types as the reference (ints may stand where the reference has a float)
     for key, value in reference.items():

@@ -1,4 +1,4 @@
-"""The layout of src/: import directions one way, no circles, few modules at the top (README "Layout")."""
+"""The layout of src/: import directions one way, no circles, few modules at the top (README, "Layout")."""
 import ast
 from pathlib import Path
 from typing import Dict, Set

@@ -396,7 +396,7 @@ def zoo_note(arch: str) -> Optional[str]:
     return ("note: model-zoo weights: the zoo's ResNet50/101/152 pad with pad_mode='same' (asymmetric at "
             "stride 2: the extra row/column at the bottom/right) and use BatchNorm eps 1e-4; this repo pads "
             "symmetrically like torchvision with eps 1e-5, so outputs differ from the zoo's own network; "
-            "re-measure accuracy with eval.py (README, 'Coming from PyTorch')")
+            "re-measure accuracy with eval.py (docs/pytorch.md)")
 
 
 def convert(arch: str, source: Source, *, ckpt: Optional[str], pth_out: Optional[str],

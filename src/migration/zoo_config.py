@@ -47,7 +47,7 @@ IGNORED_KEYS: Dict[str, Tuple[Any, str]] = {
 # resnet_benchmark_GPU.yaml configures the zoo's gpu_resnet_benchmark.py, not training: it names no
 # network, dataset or schedule, so train.py would run on the schema's defaults, which it does not mean.
 BENCHMARK_FILE = ("print_per_steps", "the model zoo's gpu_resnet_benchmark.py configuration (it names no network, "
-                  "dataset or lr schedule to train with); measure speed with benchmark.py (README 'Performance') "
+                  "dataset or lr schedule to train with); measure speed with benchmark.py (docs/performance.md) "
                   "or train with a training config such as the zoo's resnet50_imagenet2012_config.yaml")
 
 

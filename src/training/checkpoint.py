@@ -182,8 +182,8 @@ def network_params(params: Dict[str, Parameter], path: str) -> Tuple[Dict[str, P
     dropped = len(params) - len(network)
     done += [f"{dropped} optimizer entries skipped"] if dropped else []
     zoo_built = ZOO_BUILT_STEM in mapped  # SE-ResNet50 is built as the zoo's: nothing computes differently
-    caveat = ("; the zoo's networks compute slightly differently (padding, BatchNorm eps: README, 'Coming from "
-              "PyTorch')") if renamed and not zoo_built else ""
+    caveat = ("; the zoo's networks compute slightly differently (padding, BatchNorm eps: "
+              "docs/pytorch.md)") if renamed and not zoo_built else ""
     return mapped, f"checkpoint {path}: {', '.join(done)}{caveat}"
 
 
