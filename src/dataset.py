@@ -598,6 +598,12 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
                               bad_samples=bad_samples, keys_per_epoch=len(source) * sampler.repeats)
     batches = BatchSampler(sampler, batch_size, drop_remainder=training)
     columns = ["image", "label"] + (["erase", "mix"] if batch_stage else [])
+    if workers["python_multiprocessing"]:
+        # The workers are forked from this process. Forked while OpenCV's thread pool has threads,
+        # a worker inherits a pool it cannot stop: its first cv2.setNumThreads(1) hangs for good
+        # (seen when earlier OpenCV work ran in this process). So this process's OpenCV runs on one
+        # thread from here on, as every worker's does.
+        cv2.setNumThreads(1)
     data = ds.GeneratorDataset(BatchSource(samples, sampler, batch_size, batches.batches_per_epoch,
                                            augmentation=augmentation, batch_stage=batch_stage, seed=seed),
                                columns, sampler=batches, **workers)

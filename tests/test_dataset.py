@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import PYTHON, REPO, run
 from src.dataset import (
     CIFAR_MEAN,
     CIFAR_RECORD_BYTES,
@@ -384,3 +385,26 @@ def test_evaluating_a_tree_with_train_but_no_val_names_the_missing_folder(tmp_pa
     with pytest.raises(UserInputError, match="no val/ folder"):
         ImageFolderSource(str(tmp_path), training=False)
     assert len(ImageFolderSource(str(tmp_path), training=True)) == 1
+
+
+FORK_AFTER_OPENCV_THREADS = """
+import sys
+import cv2
+import numpy as np
+from src.dataset import create_dataset
+image = np.random.default_rng(0).integers(0, 255, (2000, 2000, 3), np.uint8)
+for _ in range(3):
+    cv2.GaussianBlur(cv2.resize(image, (1500, 1500)), (9, 9), 2)  # OpenCV's thread pool now has threads
+data = create_dataset("cifar10", sys.argv[1], training=False, batch_size=64, image_size=32, num_parallel_workers=2)
+print(sum(1 for _ in data.create_tuple_iterator(num_epochs=1)))
+"""
+
+
+@pytest.mark.slow
+def test_worker_processes_start_after_opencv_ran_threads_in_this_process(cifar_dir):
+    """Forked while OpenCV's pool had threads, a worker used to hang for good in its first
+    cv2.setNumThreads (an in-process evaluation after other OpenCV work did)."""
+    result = run([PYTHON, "-c", FORK_AFTER_OPENCV_THREADS, str(cifar_dir)], cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "2"  # 101 test images in batches of 64
+
