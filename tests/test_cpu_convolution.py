@@ -1,8 +1,12 @@
 """CPU training must not fall into oneDNN's reference convolution (see src/device.py)."""
 import os
 
+import pytest
+
 from conftest import PYTHON, run
 from src.data.sample_data import write_sample_data
+
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
 
 def conv_implementations(verbose_output: str, kernel: str = "kh3"):
@@ -27,3 +31,10 @@ def test_training_run_uses_fast_3x3_convolutions(tmp_path):
     implementations = conv_implementations(result.stdout)
     assert implementations, "no 3x3 convolution was reported by oneDNN"
     assert not [name for name in implementations if "ref" in name], implementations
+
+
+@pytest.mark.parametrize("value, threads", [("3", 3), ("1", 1), ("", 0), ("0", 0), ("-2", 0), ("many", 0)])
+def test_omp_num_threads_sets_the_cpu_kernel_threads(monkeypatch, value, threads):
+    from src.device import threads_from_environment
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert threads_from_environment() == threads
