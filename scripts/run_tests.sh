@@ -6,4 +6,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup_env.sh" "$ROOT/requirements-dev.txt"
 cd "$ROOT"
 "$ROOT/.venv/bin/ruff" check --quiet . || { echo "error: ruff found the problems above; fix them (ruff check --fix . fixes import order)" >&2; exit 1; }
-exec "$ROOT/.venv/bin/python" -m pytest tests "$@"
+# pytest-xdist: one worker per core (at most 4: each test may start training processes of its own);
+# --dist loadscope keeps a module on one worker, so its module fixtures (trained checkpoints) run once;
+# the longest modules go first (tests/conftest.py, LONGEST_FIRST).
+# Tests marked `alone` (msrun ranks) take the whole machine: see tests/conftest.py, share_of_machine.
+exec "$ROOT/.venv/bin/python" -m pytest -n auto --maxprocesses 4 --dist loadscope --no-loadscope-reorder tests "$@"

@@ -5,6 +5,8 @@ import pytest
 
 from conftest import PYTHON, run
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 
 def test_benchmark_writes_every_field(tmp_path):
     report_path = tmp_path / "bench.json"

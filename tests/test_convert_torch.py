@@ -20,6 +20,8 @@ from src.migration import convert_torch as ct
 from src.resnet import ARCHS, create_model
 from src.training.checkpoint import is_training_state
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 CONVERT = [PYTHON, "-m", "src.migration.convert_torch"]
 PARITY = [PYTHON, "-m", "src.migration.parity"]
 CLASSES = {"resnet18": 10, "resnet50": 1000, "resnext50_32x4d": 10, "wide_resnet50_2": 10}

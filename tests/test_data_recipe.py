@@ -298,6 +298,7 @@ def digest(epochs) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow
 def test_full_recipe_batches_are_keyed_across_workers_restarts_and_resume(folder_dir):
     two_epochs = recipe_batches(folder_dir, workers=1, epochs=2)
     images, labels, boxes, mix = two_epochs[0][0]
@@ -315,6 +316,7 @@ def test_full_recipe_batches_are_keyed_across_workers_restarts_and_resume(folder
     assert len(plain[0][0]) == 2  # without erasing or mixing: images and labels only
 
 
+@pytest.mark.slow
 def test_the_graph_input_stage_computes_what_the_host_would(folder_dir):
     """Normalization, each sample's erase box and the batch's mixing, in the GRAPH-mode cell the
     training step runs first, against the same steps in numpy (and normalization against the
@@ -353,6 +355,7 @@ def test_eval_resize_size_sets_the_short_side_before_the_crop():
 
 # ---------------------------------------------------------------- bad values
 
+@pytest.mark.slow
 def test_a_bad_recipe_value_is_one_line_error_naming_the_key(cifar_dir, tmp_path):
     """Through train.py once; every key's check is tested in-process below."""
     key, value = "auto_augment", "autoaug"

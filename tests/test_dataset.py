@@ -119,6 +119,7 @@ def test_cifar_values_are_the_normalized_file_pixels(cifar_dir):
 
 # ---------------------------------------------------------------- sharding
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_shards", [2, 3])
 def test_eval_shards_are_disjoint_and_cover_every_sample(fmt, num_shards):
     name, path, _ = fmt
@@ -141,6 +142,7 @@ def test_eval_shards_are_disjoint_and_cover_every_sample(fmt, num_shards):
     assert Counter(shard_labels) == Counter(full_labels.tolist())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_shards,batch", [(2, 10), (3, 11)])
 def test_train_shards_are_equal_and_disjoint_within_an_epoch(fmt, num_shards, batch):
     name, path, size = fmt
@@ -187,6 +189,7 @@ def test_sampler_eval_shards_cover_every_index_once(num_shards):
 
 # ---------------------------------------------------------------- determinism and resuming
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_first_batch(fmt):
     name, path, size = fmt
     make = lambda seed: create_dataset(name, path, training=True, batch_size=8, image_size=size, seed=seed)  # noqa: E731
@@ -238,6 +241,7 @@ def test_no_augment_no_shuffle_is_deterministic(fmt):
     np.testing.assert_array_equal(a1[1], create_source(name, path, training=True).labels)
 
 
+@pytest.mark.slow
 def test_start_epoch_reproduces_that_epoch(fmt):
     name, path, size = fmt
     make = lambda **kw: create_dataset(name, path, training=True, batch_size=8, image_size=size,  # noqa: E731
@@ -404,7 +408,8 @@ print(sum(1 for _ in data.create_tuple_iterator(num_epochs=1)))
 def test_worker_processes_start_after_opencv_ran_threads_in_this_process(cifar_dir):
     """Forked while OpenCV's pool had threads, a worker used to hang for good in its first
     cv2.setNumThreads (an in-process evaluation after other OpenCV work did)."""
-    result = run([PYTHON, "-c", FORK_AFTER_OPENCV_THREADS, str(cifar_dir)], cwd=REPO, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # OpenCV's default threads
+    result = run([PYTHON, "-c", FORK_AFTER_OPENCV_THREADS, str(cifar_dir)], cwd=REPO, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[-1] == "2"  # 101 test images in batches of 64
 

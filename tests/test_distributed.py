@@ -50,6 +50,8 @@ def runs(tmp_path_factory, cifar_dir):
     return out, launched, single
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # msrun ranks: the whole machine
 def test_two_ranks_finish_with_identical_weights(runs):
     out, launched, _ = runs
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
@@ -70,6 +72,7 @@ def test_two_ranks_finish_with_identical_weights(runs):
     assert steps == [str(s) for s in range(1, STEPS + 1)]  # sink mode on CPU still logs every step
 
 
+@pytest.mark.alone  # msrun ranks: the whole machine
 @pytest.mark.parametrize("part", [network_part, ema_part])
 def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs, part):
     out, launched, single = runs
@@ -82,6 +85,8 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs, part):
     assert worst < 1e-5, worst
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # msrun ranks: the whole machine
 def test_sigterm_to_the_launcher_stops_every_rank_and_leaves_a_resumable_checkpoint(runs, cifar_dir, tmp_path):
     out, launched, _ = runs
     assert launched.returncode == 0
@@ -150,6 +155,8 @@ def namespaces_allowed():
         pytest.skip(reason)
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # msrun ranks: the whole machine
 @pytest.mark.usefixtures("namespaces_allowed")
 def test_two_nodes_stop_together_resume_exactly_and_train_the_weights_of_one_node(runs, cifar_dir, tmp_path):
     """Two network namespaces as two servers (own address, own hostname), one rank each. A SIGTERM
@@ -194,6 +201,8 @@ def test_two_nodes_stop_together_resume_exactly_and_train_the_weights_of_one_nod
     assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # msrun ranks: the whole machine
 def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):
     out, _, _ = runs
     ckpt = str(out / "single" / RUN / f"resnet18-1_{STEPS}.ckpt")
@@ -251,6 +260,7 @@ def test_launcher_refuses_more_devices_than_exist(tmp_path, cifar_dir):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_train_py_alone_refuses_run_distribute(cifar_dir, tmp_path):
     result = run([PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir),
                   "--output_dir", str(tmp_path), "--run_distribute", "True", "--device_num", "2"])
@@ -258,6 +268,7 @@ def test_train_py_alone_refuses_run_distribute(cifar_dir, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("net_name", ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"])
 def test_fusion_split_points_fit_every_depth(net_name):
     sizes = [int(np.prod(p.shape)) for p in create_model(net_name, num_classes=10).trainable_params()]

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import PYTHON, REPO, run
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 CONFIG = REPO / "config" / "sample_resnet18.yaml"
 TRAIN_SH = REPO / "scripts" / "run_standalone_train.sh"
 EVAL_SH = REPO / "scripts" / "run_eval.sh"

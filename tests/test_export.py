@@ -11,6 +11,8 @@ from PIL import Image
 
 from conftest import PYTHON, REPO, run
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 CONFIG = REPO / "config" / "sample_resnet18.yaml"
 SIZE = 32
 # A low learning rate keeps one epoch's logits in a sane range (and its predictions varied).

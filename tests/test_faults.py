@@ -26,6 +26,8 @@ from src.training.callbacks import EvalMonitor
 from src.training.checkpoint import NonFiniteWeightsError, non_finite_parameters, read_checkpoint, save_atomic
 from src.training.faults import DivergedError, DivergenceGuard
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
 FOLDER_RUN = Path("resnet18") / "imagenet2012"

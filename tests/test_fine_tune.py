@@ -47,6 +47,7 @@ def write_pretrained(path: Path) -> dict:
     return {p.name: p.asnumpy() for p in net.get_parameters()}
 
 
+@pytest.mark.slow
 def test_frozen_backbone_run_changes_only_the_head(cifar_dir, tmp_path):
     before = write_pretrained(tmp_path / "imagenet.ckpt")
     common = [PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir), "--batch_size", "16",

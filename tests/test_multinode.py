@@ -117,6 +117,7 @@ def test_a_rank_table_of_two_servers_gives_each_server_its_ranks(tmp_path):
         assert result.returncode == 2 and names in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_node_that_never_joins_is_named_within_the_cluster_timeout(cifar_dir, tmp_path):
     """Node 0 of two started alone, with a short cluster timeout: it fails, naming node 1, rather
     than wait (the subprocess timeout would catch a hang)."""
@@ -147,6 +148,8 @@ def test_a_resume_that_finds_no_checkpoint_on_one_node_says_so():
         check_resume_agreement([4, 2], 1, "out/run")
 
 
+@pytest.mark.slow
+@pytest.mark.alone  # msrun ranks: the whole machine
 def test_a_rank_killed_mid_run_is_named_by_the_launcher(cifar_dir, tmp_path):
     """msrun reports a dead worker by process id only; the launcher names its rank."""
     launcher = subprocess.Popen(["bash", DIST_SH, str(cifar_dir), CONFIG, "--device_target", "CPU", "--output_dir",

@@ -62,6 +62,7 @@ def test_unknown_optimizer_raises(net):
         create_optimizer(net, name="SGDW", learning_rate=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["Momentum", "Adam"])
 def test_one_step_with_zero_gradients_only_decays_conv_and_fc_weights(name):
     net = create_model("resnet18", num_classes=10)
@@ -165,6 +166,7 @@ def test_adamw_decays_decoupled_from_the_gradient():
         np.testing.assert_allclose(p.asnumpy(), before[p.name] * factor[KIND[p.name]], rtol=1e-6, err_msg=p.name)
 
 
+@pytest.mark.slow
 def test_adamw_matches_torch_adamw_over_two_steps():
     torch = pytest.importorskip("torch")
     net = TinyNet()

@@ -11,6 +11,8 @@ from test_export import CONFIG, SIZE, last_json, one_error_line
 
 from conftest import PYTHON, run
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 # Four epochs reach ~0.75 top-1 on the 101 test images (one epoch stays near chance, where an
 # accuracy cost would mean nothing); about 15 s of training.
 TRAIN = ["--epoch_size", "4", "--batch_size", "16", "--warmup_epochs", "0", "--lr_max", "0.01",

@@ -17,6 +17,8 @@ from src.training.metrics import ClassificationCounts
 from src.training.model_summary import model_summary
 from src.training.report import EvalReport, ReportCounts, console_lines, per_class_rows, write_report
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
 
@@ -203,6 +205,7 @@ def test_eval_report_dir_writes_every_file(trained, cifar_dir, tmp_path):
     assert [r[0] for r in per_class[1:]] == source.class_names  # the sample data's batches.meta.txt
 
 
+@pytest.mark.alone  # msrun ranks: the whole machine
 def test_two_rank_report_equals_the_one_process_report(trained, cifar_dir, tmp_path):
     folder, _ = trained
     single = run([PYTHON, "eval.py", *eval_args(folder, cifar_dir, tmp_path / "one")])
@@ -231,6 +234,7 @@ def test_two_rank_report_equals_the_one_process_report(trained, cifar_dir, tmp_p
         assert reported["ece"] == pytest.approx(expected["ece"], abs=1e-6)
 
 
+@pytest.mark.alone  # msrun ranks: the whole machine
 def test_two_rank_training_reports_its_best_checkpoint_as_eval_py_does(cifar_dir, tmp_path):
     out = tmp_path / "dp"
     launched = run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers", "2",

@@ -62,6 +62,7 @@ WIDER = {"resnext50_32x4d": 25_028_904, "resnext101_32x8d": 88_791_336, "resnext
          "wide_resnet50_2": 68_883_240, "wide_resnet101_2": 126_886_696}
 
 
+@pytest.mark.slow
 def test_resnext_and_wide_resnet_match_torchvision_counts_and_shapes():
     """Each built once (the 101-layer ones hold 83-127M parameters): count, names, a forward pass."""
     x = Tensor(np.zeros((1, 3, 32, 32), np.float32))
@@ -75,6 +76,7 @@ def test_resnext_and_wide_resnet_match_torchvision_counts_and_shapes():
 
 @pytest.mark.parametrize("net_name, width, groups", [("resnext50_32x4d", 128, 32), ("wide_resnet50_2", 128, 1),
                                                      ("resnet50", 64, 1)])
+@pytest.mark.slow
 def test_the_3x3_convolution_is_grouped_and_widened(net_name, width, groups):
     """layer1's bottleneck: width = 64 * width_per_group / 64 * groups, the 3x3 split in `groups`."""
     block = model(net_name, num_classes=10).layer1[0]
@@ -84,6 +86,7 @@ def test_the_3x3_convolution_is_grouped_and_widened(net_name, width, groups):
     assert tuple(block.conv3.weight.shape) == (256, width, 1, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("net_name", [n for n in ARCHS if n not in WIDER] + ["resnext50_32x4d"])
 def test_output_shape(net_name):
     net = model(net_name, num_classes=10)
@@ -131,6 +134,7 @@ def last_bn_names(net_name):
     return {f"layer{s}.{b}.{last}.gamma" for s, n in enumerate(layers, start=1) for b in range(n)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("net_name", ["resnet18", "resnet50"])
 def test_zero_init_residual(net_name):
     zeroed = last_bn_names(net_name)
@@ -155,6 +159,7 @@ def test_batch_norm_starts_at_identity():
             assert np.all(p.asnumpy() == 1), p.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv_init", CONV_INITS)
 @pytest.mark.parametrize("dense_init", DENSE_INITS)
 def test_init_options_give_valid_parameters(conv_init, dense_init):

@@ -16,6 +16,8 @@ from PIL import Image
 from conftest import PYTHON, REPO, run, wait_for_step
 from src.training.checkpoint import EMA_PREFIX, network_part, read_checkpoint, rotate
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
 # 12 steps per epoch (200 images, batch 16); every step logged so per-step losses can be compared.

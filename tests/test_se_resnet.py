@@ -16,6 +16,8 @@ from src.resnet import create_model
 from src.training.checkpoint import common_prefix, zoo_to_ms_name
 from src.training.model_summary import model_summary
 
+pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+
 # Counted by hand from the zoo's definition. Stem: 3x3 convs 3->32, 32->32, 32->64 (864 + 9,216 +
 # 18,432) and three BNs (64 + 64 + 128): 28,768, 19,232 more than ResNet50's 7x7 stem (9,536). The
 # blocks have ResNet50's convolutions (the 3x3 of a downsampling block sits in e2, at stride 1), plus

@@ -79,6 +79,7 @@ def resnet50_layers():
     return [kinds.get(p.name) == "weight" for p in params], [int(np.prod(p.shape)) for p in params]
 
 
+@pytest.mark.slow
 def test_zoo_fusion_points_map_to_thor_layer_points():
     """The Ascend Thor file's all_reduce_fusion_config [80, 160] is the zoo's THOR split_indices
     [26, 53] (53 convolutions and fc: 54 layers); the GPU file's [75, 155] ends at layers 25 and 51."""
@@ -92,6 +93,7 @@ def test_zoo_fusion_points_map_to_thor_layer_points():
         thor_layer_points([161], is_layer)
 
 
+@pytest.mark.slow
 def test_nn_thor_builds_over_this_repositorys_resnet():
     """nn.thor builds on any device (only its training needs Ascend/GPU): it converts resnet18's
     20 convolutions and fc into THOR's layers (21 A/G pairs) and decays the weights named."""
@@ -111,6 +113,7 @@ def test_nn_thor_builds_over_this_repositorys_resnet():
     assert opt.get_frequency() == 4
 
 
+@pytest.mark.slow
 def test_train_py_refuses_thor_on_cpu_and_writes_nothing(tmp_path, folder_dir):
     result = run([PYTHON, "train.py", *THOR_ARGS, "--device_target", "CPU", "--dataset", "imagenet2012",
                   "--data_path", str(folder_dir), "--output_dir", str(tmp_path / "out")])

@@ -52,6 +52,7 @@ def worst(a: dict, b: dict) -> float:
     return max(float(np.abs(a[name] - b[name]).max()) for name in a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_scale", [1.0, 1024.0])
 def test_plain_step_trains_like_mindspores_own_cell(initial, loss_scale):
     # BatchNorm in training mode: its moving statistics must match too.
@@ -69,6 +70,7 @@ def test_plain_step_trains_like_mindspores_own_cell(initial, loss_scale):
     assert worst(values(ours_net.get_parameters()), values(stock_net.get_parameters())) < 1e-6
 
 
+@pytest.mark.slow
 def test_two_micro_batches_of_8_equal_one_batch_of_16(initial):
     accumulated_net, whole_net = network(initial), network(initial)  # frozen BatchNorm: same statistics
     accumulated = train_step(accumulated_net, accumulation_steps=2, micro_batch=8)
@@ -82,6 +84,7 @@ def test_two_micro_batches_of_8_equal_one_batch_of_16(initial):
     assert difference < 1e-5
 
 
+@pytest.mark.slow
 def test_clipping_equals_a_numpy_global_norm_clip(initial):
     images, labels = (Tensor(x) for x in batches(1, 8)[0])
     reference = network(initial)
@@ -116,6 +119,7 @@ def numpy_ema(raw_after_step: list, start: dict, schedule: EmaSchedule) -> dict:
     return average
 
 
+@pytest.mark.slow
 def test_ema_equals_a_numpy_recurrence_of_the_raw_weights(initial):
     # 3 steps per epoch, 1 warmup epoch, an update every 2 steps: steps 0, 2, 3 copy; 5, 6 average.
     schedule = EmaSchedule(alpha=0.25, every=2, steps_per_epoch=3, copy_until=3)
@@ -144,6 +148,7 @@ def test_ema_decay_adjustment_is_torchvisions():
                         warmup_epochs=0, steps_per_epoch=10).alpha == 1.0
 
 
+@pytest.mark.slow
 def test_overflow_skips_the_update_and_leaves_nothing_behind(initial):
     """Dynamic loss scale: a batch with an inf gives non-finite gradients; the step must leave the
     weights, the optimizer state and the EMA as they were, halve the scale, and leave no partial
@@ -212,6 +217,7 @@ def test_nesterov_needs_a_momentum_optimizer_and_momentum():
             check_step_keys(load_config(["--config_path", CONFIG, "--use_nesterov", "True"] + extra))
 
 
+@pytest.mark.slow
 def test_train_py_reports_a_bad_step_key_in_one_line_and_writes_nothing(tmp_path, cifar_dir):
     result = run([PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir), "--output_dir",
                   str(tmp_path / "out"), "--model_ema", "True", "--model_ema_decay", "1.5"])

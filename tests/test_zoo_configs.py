@@ -111,6 +111,7 @@ def test_each_zoo_file_is_ready_to_train_or_refused_before_any_work(name, zoo_fo
             prepare()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50_imagenet2012_GPU_Thor_config.yaml", "resnet_benchmark_GPU.yaml"])
 def test_refused_zoo_files_stop_with_one_line_and_write_nothing(name, zoo_folder, folder_dir, tmp_path):
     result = run([PYTHON, "train.py", "--config_path", str(zoo_folder / name), "--data_path", str(folder_dir),
@@ -130,6 +131,7 @@ def test_thor_files_pass_the_checks_on_their_own_device(name, zoo_folder):
     assert lrs[9] == pytest.approx(0.01 * (1 - 1 / 50) ** 4)
 
 
+@pytest.mark.slow
 def test_zoo_imagenet_structure_trains_one_epoch(zoo_folder, folder_dir, tmp_path):
     """resnet18_imagenet2012_config.yaml's structure (linear decay, label smoothing, 1001 classes,
     Xavier/TruncatedNormal init) with only command-line additions: 3 steps."""
@@ -140,6 +142,7 @@ def test_zoo_imagenet_structure_trains_one_epoch(zoo_folder, folder_dir, tmp_pat
     assert (tmp_path / "resnet18" / "imagenet2012" / "resnet18-1_3.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_zoo_se_resnet50_structure_trains_one_step(zoo_folder, tiny_folder_dir, tmp_path):
     """se-resnet50_imagenet2012_config.yaml's structure (SE-ResNet50, cosine decay, label smoothing,
     1001 classes, Xavier/TruncatedNormal init, batch 32) with only command-line additions: one step
@@ -184,6 +187,7 @@ def test_fine_tune_needs_checkpoint_path_to_name_a_checkpoint(zoo_folder):
     assert argv[-2:] == ["--weight_decay", "0.0001"] and "--learning_rate" not in argv  # the user's last: it wins
 
 
+@pytest.mark.slow
 def test_zoo_fine_tune_flow_trains_a_new_head_on_flower_photos(zoo_folder, flower_photos, tmp_path):
     """python fine_tune.py --config_path resnet34_cpu_config.yaml, its checkpoint_path naming a zoo
     ImageNet resnet34 checkpoint (zoo names, 1001 classes): a 5-class head trains, the backbone stays
