@@ -51,7 +51,6 @@ def runs(tmp_path_factory, cifar_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # msrun ranks: the whole machine
 def test_two_ranks_finish_with_identical_weights(runs):
     out, launched, _ = runs
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
@@ -72,7 +71,6 @@ def test_two_ranks_finish_with_identical_weights(runs):
     assert steps == [str(s) for s in range(1, STEPS + 1)]  # sink mode on CPU still logs every step
 
 
-@pytest.mark.alone  # msrun ranks: the whole machine
 @pytest.mark.parametrize("part", [network_part, ema_part])
 def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs, part):
     out, launched, single = runs
@@ -86,7 +84,6 @@ def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs, part):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # msrun ranks: the whole machine
 def test_sigterm_to_the_launcher_stops_every_rank_and_leaves_a_resumable_checkpoint(runs, cifar_dir, tmp_path):
     out, launched, _ = runs
     assert launched.returncode == 0
@@ -156,7 +153,7 @@ def namespaces_allowed():
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # msrun ranks: the whole machine
+@pytest.mark.alone  # two nodes on a cluster clock: the whole machine
 @pytest.mark.usefixtures("namespaces_allowed")
 def test_two_nodes_stop_together_resume_exactly_and_train_the_weights_of_one_node(runs, cifar_dir, tmp_path):
     """Two network namespaces as two servers (own address, own hostname), one rank each. A SIGTERM
@@ -202,7 +199,6 @@ def test_two_nodes_stop_together_resume_exactly_and_train_the_weights_of_one_nod
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # msrun ranks: the whole machine
 def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):
     out, _, _ = runs
     ckpt = str(out / "single" / RUN / f"resnet18-1_{STEPS}.ckpt")

@@ -205,7 +205,6 @@ def test_eval_report_dir_writes_every_file(trained, cifar_dir, tmp_path):
     assert [r[0] for r in per_class[1:]] == source.class_names  # the sample data's batches.meta.txt
 
 
-@pytest.mark.alone  # msrun ranks: the whole machine
 def test_two_rank_report_equals_the_one_process_report(trained, cifar_dir, tmp_path):
     folder, _ = trained
     single = run([PYTHON, "eval.py", *eval_args(folder, cifar_dir, tmp_path / "one")])
@@ -234,7 +233,6 @@ def test_two_rank_report_equals_the_one_process_report(trained, cifar_dir, tmp_p
         assert reported["ece"] == pytest.approx(expected["ece"], abs=1e-6)
 
 
-@pytest.mark.alone  # msrun ranks: the whole machine
 def test_two_rank_training_reports_its_best_checkpoint_as_eval_py_does(cifar_dir, tmp_path):
     out = tmp_path / "dp"
     launched = run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers", "2",
