@@ -267,10 +267,13 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
         else:
             rest.append((key, value))
     file_values, helps = read_yaml_documents(path)
-    if reference_path is not None:
+    if reference_path is None:
+        schema = list(file_values) + ["config_path"]
+    else:
+        reference_values, reference_helps = read_yaml_documents(reference_path)
+        schema = list(reference_values) + ["config_path"]
         # the schema's meaning of a key, unless the file gives its own (as the model zoo's files do)
-        helps = {**read_yaml_documents(reference_path)[1], **helps}
-    schema = list((file_values if reference_path is None else read_yaml(reference_path)).keys()) + ["config_path"]
+        helps = {**reference_helps, **helps}
     file_values, ignored = translate_zoo_keys(file_values, schema, f"config file {path}")
     values = check_against_reference(file_values, path, reference_path)
     if "-h" in argv or "--help" in argv:

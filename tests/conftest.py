@@ -28,18 +28,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+LOCKS = "RESNET_TESTS_LOCKS"  # the folder of this run's machine-sharing locks (set for xdist runs)
+
+
+def pytest_configure(config):
+    """The xdist controller makes the lock folder its workers share, and removes it at the end."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("numprocesses", None):
+        folder = tempfile.mkdtemp(prefix="resnet-tests-locks-")
+        os.environ[LOCKS] = folder  # the workers start after this and inherit it
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
 @contextlib.contextmanager
 def share_of_machine(alone: bool) -> Iterator[None]:
     """Under pytest-xdist, a test marked `alone` runs while no other worker runs a test; the others
     share the machine. A readers-writer lock over two files all workers of this run see: the gate
     gives a waiting `alone` test priority (no one starts a test while it waits), the machine lock
     is shared by ordinary tests and held exclusively by an `alone` one."""
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run_id is None:  # one process: nothing runs beside the test
+    folder = os.environ.get(LOCKS) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    if folder is None:  # one process: nothing runs beside the test
         yield
         return
-    prefix = os.path.join(tempfile.gettempdir(), f"resnet-tests-{run_id}")
-    with open(prefix + ".gate", "a") as gate, open(prefix + ".machine", "a") as machine:
+    with open(os.path.join(folder, "gate"), "a") as gate, open(os.path.join(folder, "machine"), "a") as machine:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
