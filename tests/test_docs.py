@@ -13,12 +13,12 @@ from src.config import format_reference
 PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
 # placeholders the docs write in commands, and a value that runs here
 PLACEHOLDERS = {"CONFIG": "config/sample_resnet18.yaml"}
+FENCED = re.compile(r"^```.*?^```", re.S | re.M)
 
 
 def without_code(text: str) -> str:
     """The text with fenced blocks and code spans blanked out (links inside code are not links)."""
-    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-    return re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"`[^`\n]*`", "", FENCED.sub("", text))
 
 
 def slug(heading: str) -> str:
@@ -30,7 +30,7 @@ def slug(heading: str) -> str:
 def anchors(page: Path) -> Set[str]:
     found: Set[str] = set()
     counts: Dict[str, int] = {}
-    for line in re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M).splitlines():
+    for line in FENCED.sub("", page.read_text()).splitlines():
         match = re.match(r"#{1,6} (.+)", line)
         if match:
             base = slug(match.group(1))
