@@ -76,7 +76,7 @@ def test_shear_is_about_the_top_left_corner(amount):
     image = noise_image(20, 20)
     sheared_x = apply_op(image, "ShearX", amount, interpolation=create_nearest())
     np.testing.assert_array_equal(sheared_x[0], image[0])  # the first row stays
-    # row y moves by amount * y pixels (sign as MindSpore's Affine defines it), so row 10 moves 3
+    # row y (its center at y + 0.5) moves by amount * (y + 0.5) pixels as torchvision shears, so row 10 moves 3
     row = sheared_x[10]
     shifts = [s for s in range(-4, 5) if np.array_equal(np.roll(image[10], s, axis=0)[4:-4], row[4:-4])]
     assert shifts and abs(shifts[0]) == 3

@@ -8,11 +8,14 @@ output is a pure function of (seed, epoch, sample index) like the rest of the pi
 
 The pixel work is OpenCV rather than MindSpore's eager vision operations because each eager call
 cost 100-480 us on a 224x224 image, about 100 us or more of it dispatch around the same OpenCV
-kernels, which capped the input pipeline; OpenCV calls also release the GIL. The outputs equal
-those of the MindSpore operations bit for bit except Equalize, which now follows PIL/torchvision
-(MindSpore's follows cv2.equalizeHist), and in rounding: a few pixels in 10^5 on sampling-grid
-edges in the warps, one gray level in about 0.1% of AutoContrast's pixels (exact floor here, float
-arithmetic there) and in about 10% of Sharpness's (one rounding here, two there).
+kernels, which capped the input pipeline; OpenCV calls also release the GIL. Each operation
+computes torchvision's definition (what its policies do to a PIL image; src/data/augment_reference.py
+holds both references and `python -m src.data.augment_reference` prints the table): the same
+integers, except one gray level in about 0.1% of Color's values (PIL's luma rounding) and, in the
+warps (shear, rotate), up to 4 levels on sharp edges where OpenCV's bilinear weights step by 1/32
+of a pixel (mean 0.5 level). MindSpore's operations, which this code replaced, sheared about the
+center of the top-left pixel instead of the grid's corner and filled the border differently (up to
+6 levels on average at 32 px), and equalized as cv2.equalizeHist does.
 """
 import functools
 import math
@@ -136,15 +139,32 @@ def cv2_interpolation(interpolation: Inter) -> int:
 
 
 def _warp(image: np.ndarray, matrix: np.ndarray, interpolation: Inter) -> np.ndarray:
-    """`matrix` maps input to output pixel indices; what falls outside the input is filled with 0."""
+    """Warp by `matrix`, which maps input to output points in PIL's coordinates (origin at the
+    top-left corner of the pixel grid, pixel centers at +0.5), as PIL's transform does for
+    torchvision: an output pixel whose point falls outside the input is 0, any other samples the
+    input with its edge pixels repeated."""
     height, width = image.shape[:2]
-    return cv2.warpAffine(image, matrix, (width, height), flags=cv2_interpolation(interpolation),
-                          borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    # the same map between pixel indices (centers at 0): shift in by half a pixel, out by half
+    indices = matrix.astype(np.float64)
+    indices[:, 2] += indices[:, :2].sum(axis=1) * 0.5 - 0.5
+    out = cv2.warpAffine(image, indices, (width, height), flags=cv2_interpolation(interpolation),
+                         borderMode=cv2.BORDER_REPLICATE)
+    # inside: the points that round to an input pixel, i.e. lie in [0, size) in PIL's coordinates
+    inside = cv2.warpAffine(_ones(height, width), indices, (width, height), flags=cv2.INTER_NEAREST,
+                            borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return cv2.bitwise_and(out, out, mask=inside)  # 0 where the mask is 0
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(height: int, width: int) -> np.ndarray:
+    ones = np.ones((height, width), np.uint8)
+    ones.flags.writeable = False
+    return ones
 
 
 def _shear(image: np.ndarray, shear_x: float, shear_y: float, interpolation: Inter) -> np.ndarray:
-    """Shear about the top-left corner (as torchvision's policies do), the sign as MindSpore's
-    Affine shears: row y moves by -shear_x * y, column x by -shear_y * x."""
+    """Shear about the top-left corner of the pixel grid, as torchvision's policies do: row y
+    (its center at y + 0.5) moves by -shear_x * (y + 0.5), column x by -shear_y * (x + 0.5)."""
     return _warp(image, np.array([[1.0, -shear_x, 0.0], [-shear_y, 1.0, 0.0]]), interpolation)
 
 
@@ -161,9 +181,9 @@ def _translate(image: np.ndarray, dx: float, dy: float) -> np.ndarray:
 
 
 def _rotate(image: np.ndarray, degrees: float, interpolation: Inter) -> np.ndarray:
-    """Counter-clockwise about the center of the pixel grid, the image size kept."""
+    """Counter-clockwise about the center of the image, the image size kept (PIL's rotate)."""
     height, width = image.shape[:2]
-    return _warp(image, cv2.getRotationMatrix2D(((width - 1) / 2, (height - 1) / 2), degrees, 1.0), interpolation)
+    return _warp(image, cv2.getRotationMatrix2D((width / 2, height / 2), degrees, 1.0), interpolation)
 
 
 def _grayscale(image: np.ndarray) -> np.ndarray:
@@ -171,15 +191,22 @@ def _grayscale(image: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
 
 
+# PIL's blend (ImageEnhance) truncates its float result; OpenCV rounds. floor(y) is the rounding of
+# y - 0.5 + 1/1024: y >= 0 never rounds down past its floor, and only a y within 1/1024 below an
+# integer, where float error decides in PIL too, rounds up.
+_TRUNCATE = -0.5 + 1 / 1024
+
+
 def _blend(image: np.ndarray, degenerate: np.ndarray, factor: float) -> np.ndarray:
-    """torchvision's _blend: factor * image + (1 - factor) * degenerate, rounded and clipped."""
-    return cv2.addWeighted(image, factor, degenerate, 1.0 - factor, 0.0)
+    """PIL's blend as ImageEnhance calls it: degenerate + factor * (image - degenerate), truncated
+    and clipped."""
+    return cv2.addWeighted(image, factor, degenerate, 1.0 - factor, _TRUNCATE)
 
 
 def _brightness(image: np.ndarray, factor: float) -> np.ndarray:
     """Blend with black: the image scaled by the factor."""
-    # convertScaleAbs is one rounded, saturated pass; the clamp keeps its abs() from mirroring
-    return cv2.convertScaleAbs(image, alpha=max(factor, 0.0))
+    # convertScaleAbs is one saturated pass; the clamp keeps its abs() from mirroring
+    return cv2.convertScaleAbs(image, alpha=max(factor, 0.0), beta=_TRUNCATE)
 
 
 def _color(image: np.ndarray, factor: float) -> np.ndarray:
@@ -190,21 +217,17 @@ def _color(image: np.ndarray, factor: float) -> np.ndarray:
 def _contrast(image: np.ndarray, factor: float) -> np.ndarray:
     """Blend with the mean of the grayscale image, rounded to a gray level as PIL does."""
     mean = round(cv2.mean(_grayscale(image))[0])
-    return cv2.addWeighted(image, factor, image, 0.0, (1.0 - factor) * mean)
+    return cv2.addWeighted(image, factor, image, 0.0, (1.0 - factor) * mean + _TRUNCATE)
 
 
 def _sharpness(image: np.ndarray, factor: float) -> np.ndarray:
-    """Blend with the image smoothed by PIL's SMOOTH kernel; torchvision smooths the interior
-    only, so the border pixels stay as they are."""
+    """Blend with the image smoothed by PIL's SMOOTH kernel (rounded to gray levels, as PIL's
+    filter does); PIL smooths the interior only, so the border pixels stay as they are."""
     if min(image.shape[:2]) <= 2:
         return image.copy()
-    # The blend is linear, so it folds into the kernel: one filter pass instead of a filter and a
-    # blend (the smoothed image is no longer rounded on its own: one gray level at most).
-    kernel = (1.0 - factor) * _SMOOTH
-    kernel[1, 1] += factor
-    out = cv2.filter2D(image, -1, kernel, borderType=cv2.BORDER_REPLICATE)
-    out[0], out[-1], out[:, 0], out[:, -1] = image[0], image[-1], image[:, 0], image[:, -1]
-    return out
+    smooth = cv2.filter2D(image, -1, _SMOOTH, borderType=cv2.BORDER_REPLICATE)
+    smooth[0], smooth[-1], smooth[:, 0], smooth[:, -1] = image[0], image[-1], image[:, 0], image[:, -1]
+    return _blend(image, smooth, factor)
 
 
 def _posterize(image: np.ndarray, bits: int) -> np.ndarray:
@@ -367,7 +390,8 @@ class AugMix:
                 chain = apply_op(chain, name, magnitude, self.interpolation)
             mixed += weight * chain
         blended = keep * image.astype(np.float32) + (1.0 - keep) * mixed
-        return np.clip(np.rint(blended), 0, 255).astype(np.uint8)
+        # truncated to uint8, as torchvision's AugMix converts its float mix back
+        return np.clip(blended, 0, 255).astype(np.uint8)
 
 
 def interpolation_mode(name: str) -> Inter:
