@@ -16,7 +16,7 @@ import mindspore.dataset as mds
 import numpy as np
 from mindspore.train import Model
 
-from src.config import Config, load_config, run_dir, save_config
+from src.config import Config, load_config, read_yaml, run_dir, save_config
 from src.data.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
 from src.data.image_decode import partial_decoder
 from src.dataset import (
@@ -178,6 +178,10 @@ def resume_checkpoint(cfg: Config, folder: str, steps_per_epoch: int, log) -> Op
     if not cfg.resume:
         return None
     newest = find_latest(folder, cfg.net_name, steps_per_epoch)
+    if newest is None:
+        check_relaunch_folder(cfg, folder)
+        log(f"resume: no checkpoint in {folder} yet, so the run starts from the beginning there")
+        return None
     if not real_sink(cfg):
         return newest
     boundary = find_latest(folder, cfg.net_name, steps_per_epoch, mid_epoch=False)
@@ -185,6 +189,28 @@ def resume_checkpoint(cfg: Config, folder: str, steps_per_epoch: int, log) -> Op
         log(f"dataset_sink_mode: resuming from the last sink boundary {boundary}, not the mid-epoch {newest} "
             f"(resume with --dataset_sink_mode False to continue from it exactly)")
     return boundary
+
+
+# Keys that may differ between two launches of one run: how to resume, where the config came from,
+# which device a scheduler gave.
+LAUNCH_KEYS = ("resume", "resume_ckpt", "config_path", "device_id")
+
+
+def check_relaunch_folder(cfg: Config, folder: str) -> None:
+    """A run folder without checkpoints that --resume starts over in must hold nothing of another
+    run: its config.yaml, if any (a launch killed before its first checkpoint leaves one), must be
+    this config."""
+    path = os.path.join(folder, "config.yaml")
+    if not os.path.isfile(path):
+        return
+    saved, now = read_yaml(path), cfg.to_dict()
+    changed = sorted(key for key in set(saved) | set(now)
+                     if key not in LAUNCH_KEYS and saved.get(key) != now.get(key))
+    if changed:
+        key, more = changed[0], f", and {len(changed) - 1} more key(s)" if len(changed) > 1 else ""
+        raise UserInputError(f"run folder {folder} holds another run (its config.yaml has {key}: {saved.get(key)!r}, "
+                             f"this one {now.get(key)!r}{more}); relaunch it with its own command, or pick another "
+                             f"--output_dir")
 
 
 def check_fresh_run_folder(folder: str, net_name: str) -> None:
@@ -393,7 +419,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if resume_from:
         start_epoch, first_step = resume_position(resume_from, net, model, steps_per_epoch, cfg.epoch_size,
                                                   mid_epoch=not real_sink(cfg))
-    elif writer:
+    elif writer and not cfg.resume:
         check_fresh_run_folder(folder, cfg.net_name)
     if group_size > 1 and (cfg.resume or cfg.resume_ckpt):
         check_resume_agreement(all_gather_ints(first_step if resume_from else -1, rank, group_size),

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from conftest import PYTHON, REPO, run, wait_for_step
-from src.training.checkpoint import EMA_PREFIX, network_part, read_checkpoint, rotate
+from src.training.checkpoint import EMA_PREFIX, list_checkpoints, network_part, read_checkpoint, rotate
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -240,3 +240,72 @@ def test_rotation_keeps_the_newest_and_the_newest_epoch_end(tmp_path):
     assert left == ["best.ckpt", "resnet18-2_12.ckpt", "resnet18-3_10.ckpt"]
     assert len(removed) == 5
 
+
+
+def recorded_steps(folder: Path) -> int:
+    """The furthest global step in the run record (0 before there is one)."""
+    path = folder / "metrics.csv"
+    rows = path.read_text().splitlines()[1:] if path.exists() else []
+    return max((int(row.split(",")[1]) for row in rows if row.count(",") > 1), default=0)
+
+
+def test_relaunched_after_random_kills_ends_with_the_uninterrupted_weights(uninterrupted, cifar_dir, tmp_path):
+    """The relaunch path of a requeued job: one command line for every launch (--resume True from
+    the first), SIGKILLed at moments drawn from a printed seed, relaunched until it finishes; with
+    evaluation, so kills also land in evaluations and best.ckpt and report writes."""
+    seed = int(os.environ.get("CHAOS_SEED", time.time_ns() % 10_000))
+    rng = np.random.default_rng(seed)
+    command = train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--save_checkpoint_steps", "5", "--resume", "True",
+                         "--run_eval", "True", *RECIPE)
+    folder = tmp_path / RUN
+    kills = []
+    # the moments: once during start-up (seconds after launch), then twice at a random step beyond
+    # what is recorded, a random fraction of a step later (a step takes ~0.3 s)
+    for launch in range(3):
+        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if launch == 0:
+            moment = f"{rng.uniform(0.5, 4.0):.2f} s after launch"
+            time.sleep(float(moment.split()[0]))
+        else:
+            step = int(rng.integers(recorded_steps(folder) + 1, 36))
+            delay = rng.uniform(0.0, 0.4)
+            moment = f"{delay:.2f} s after global step {step}"
+            wait_for_step(folder, step, process)
+            time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        output = process.communicate()[0].strip().splitlines()
+        saved = [os.path.basename(path) for _, _, path in list_checkpoints(str(folder), "resnet18")]
+        kills.append(f"{moment}: last line {output[-1][:90] if output else '(none)'!r}; "
+                     f"checkpoints {saved}; best.ckpt {(folder / 'best.ckpt').exists()}")
+    print(f"chaos seed {seed} (CHAOS_SEED={seed} repeats it); the kills:")
+    print("\n".join(f"  {kill}" for kill in kills))
+    finished = run(command)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+
+    expected, got = step_losses(uninterrupted), step_losses(folder)
+    assert sorted(got) == list(range(1, 37))  # each step recorded exactly once
+    assert max(abs(expected[s] - got[s]) for s in expected) < 1e-5
+    final_expected = weights(uninterrupted / "resnet18-3_12.ckpt")
+    final_got = weights(folder / "resnet18-3_12.ckpt")
+    worst = max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected)
+    print(f"final weights vs the uninterrupted run: max abs difference {worst}")
+    assert worst < 1e-5
+    evaluations = [row for row in read_rows(folder) if row["top_1"]]
+    assert [int(row["epoch"]) for row in evaluations] == [1, 2, 3]  # each epoch evaluated once
+    best = float(read_checkpoint(str(folder / "best.ckpt"))["top_1_accuracy"].asnumpy())
+    assert best == pytest.approx(max(float(row["ema_top_1"] or row["top_1"]) for row in evaluations), abs=1e-6)
+    assert (folder / "report").is_dir()
+
+
+def test_resume_refuses_a_folder_of_another_run_without_checkpoints(tmp_path):
+    import train
+    from src.config import load_config, save_config
+    from src.errors import UserInputError
+    config = load_config(["--config_path", CONFIG])
+    train.check_relaunch_folder(config, str(tmp_path))  # empty: fine
+    save_config(config, str(tmp_path / "config.yaml"))
+    relaunched = load_config(["--config_path", CONFIG, "--resume", "True"])
+    train.check_relaunch_folder(relaunched, str(tmp_path))  # the same run relaunched: fine
+    other = load_config(["--config_path", CONFIG, "--seed", "7"])
+    with pytest.raises(UserInputError, match=r"holds another run \(its config.yaml has seed: 1, this one 7\)"):
+        train.check_relaunch_folder(other, str(tmp_path))

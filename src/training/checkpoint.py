@@ -270,11 +270,16 @@ def restore_training_state(train_network: nn.Cell, params: Dict[str, Parameter],
     ms.load_param_into_net(train_network, {name: params[name] for name in wanted}, strict_load=True)
 
 
-def find_latest(folder: str, net_name: str, steps_per_epoch: int, mid_epoch: bool = True) -> str:
+def find_latest(folder: str, net_name: str, steps_per_epoch: int, mid_epoch: bool = True) -> Optional[str]:
     """The checkpoint --resume continues from: the furthest in training, end-of-epoch or (with
-    `mid_epoch`) mid-epoch (a step save, or the one a stop signal left)."""
-    candidates = [(epoch, step, path) for epoch, step, path in list_checkpoints(folder, net_name)
+    `mid_epoch`) mid-epoch (a step save, or the one a stop signal left). None when the folder holds
+    no checkpoint of `net_name` at all (a run not started, or stopped before its first save); an
+    error when it holds only checkpoints of another epoch length (another batch size or dataset)."""
+    found = list_checkpoints(folder, net_name)
+    candidates = [(epoch, step, path) for epoch, step, path in found
                   if step == steps_per_epoch or (mid_epoch and step < steps_per_epoch)]
+    if not found:
+        return None
     if not candidates:
         kind = f"<epoch>_<step <= {steps_per_epoch}>" if mid_epoch else f"<epoch>_{steps_per_epoch}"
         raise UserInputError(f"no checkpoint ({net_name}-{kind}.ckpt) in {folder} to resume from; pass "
