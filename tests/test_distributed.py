@@ -159,12 +159,14 @@ def test_two_nodes_stop_together_resume_exactly_and_train_the_weights_of_one_nod
     """Two network namespaces as two servers (own address, own hostname), one rank each. A SIGTERM
     to node 1's launcher stops both nodes after the same step; resumed on both, each node's own
     checkpoint (node-local storage) holds the weights of the uninterrupted one-node two-rank run.
-    (One two-node job covers both, for the suite's time.)"""
+    Both launches are the same command, --resume True from the first (a requeued job's way: the
+    first finds no checkpoint on any node and starts from the beginning). (One two-node job covers
+    all of it, for the suite's time.)"""
     out, launched, _ = runs
     assert launched.returncode == 0
     with two_nodes() as nodes:
         port = free_port()
-        launchers = [start_node(nodes, node, port, cifar_dir, tmp_path) for node in (0, 1)]
+        launchers = [start_node(nodes, node, port, cifar_dir, tmp_path, ["--resume", "True"]) for node in (0, 1)]
         try:
             wait_for_step(tmp_path / "node1" / RUN, 2, launchers[1])
         except BaseException:

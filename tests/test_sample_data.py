@@ -100,3 +100,21 @@ def test_cli(tmp_path):
     assert (tmp_path / "cifar10" / "test_batch.bin").stat().st_size == 3 * CIFAR_RECORD_BYTES
     with pytest.raises(SystemExit):
         main(["--help"])
+
+
+def test_digits_are_real_scans_split_into_cifar_files(tmp_path):
+    from src.data.digits_data import HELD_OUT
+    from src.data.digits_data import main as digits_main
+    from src.dataset import CifarBinarySource
+    assert digits_main([str(tmp_path / "digits")]) == 0
+    train = CifarBinarySource(str(tmp_path / "digits"), training=True)
+    test = CifarBinarySource(str(tmp_path / "digits"), training=False)
+    assert (len(train), len(test)) == (1797 - HELD_OUT, HELD_OUT)
+    assert train.class_names == [str(digit) for digit in range(10)]
+    assert set(np.unique(test.labels)) == set(range(10))
+    image = train.images[0]
+    assert image.shape == (32, 32, 3) and (image[..., 0] == image[..., 2]).all()  # gray, as scanned
+    assert image.min() == 0 and image.max() > 200  # dark paper, bright strokes
+    # the split is a partition: no scan in both
+    train_rows = {row.tobytes() for row in train.images.reshape(len(train), -1)}
+    assert not any(row.tobytes() in train_rows for row in test.images.reshape(len(test), -1))

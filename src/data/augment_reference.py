@@ -10,8 +10,9 @@ the same explicit parameters as `apply_op`:
 
 `compare` measures an operation against a reference on a set of images; `fidelity_rows` does so
 for every operation of the four policies at their lowest, a middle and the highest magnitude bin
-and both signs, which is both the fidelity table (python -m src.data.augment_fidelity) and the
-suite's guard.
+and both signs, which is both the fidelity table and the suite's guard. `torchvision_erase_boxes`
+and `torchvision_mixes` draw random erasing and mixup/CutMix as torchvision does, to compare the
+distributions. `python -m src.data.augment_reference` prints the tables (docs/recipe_fidelity.md).
 """
 import math
 import sys
@@ -295,12 +296,17 @@ def _cell(difference) -> str:
     return "n/a" if difference is None else f"{difference.mean:.3f} / {difference.max} / {difference.beyond_one:.2%}"
 
 
-def operation_table(sizes: Sequence[int] = (224, 32)) -> List[str]:
-    """Markdown rows: every case of every operation against torchvision's definition and MindSpore's
-    operations, at each image size."""
+def measure_operations(sizes: Sequence[int] = (224, 32)) -> Dict[int, List[Dict]]:
+    """fidelity_rows of this repository's operations on the photographs at each size, against
+    torchvision's definition and MindSpore's operations."""
     from src.data.auto_augment import apply_op
     references = {"torchvision": torchvision_op, "mindspore": mindspore_op}
-    by_size = {size: fidelity_rows(apply_op, photographs(size), references) for size in sizes}
+    return {size: fidelity_rows(apply_op, photographs(size), references) for size in sizes}
+
+
+def operation_table(by_size: Dict[int, List[Dict]]) -> List[str]:
+    """Markdown rows: every case at every size, against both references."""
+    sizes = list(by_size)
     header = f"| op | space | bin | sign | magnitude (at {sizes[0]} px) | " + " | ".join(
         f"{size} px vs torchvision | {size} px vs MindSpore" for size in sizes) + " |"
     lines = [header, "|" + "---|" * (5 + 2 * len(sizes))]
@@ -310,6 +316,30 @@ def operation_table(sizes: Sequence[int] = (224, 32)) -> List[str]:
             other = by_size[size][index]
             cells += [_cell(other["torchvision"]), _cell(other["mindspore"])]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary_table(by_size: Dict[int, List[Dict]]) -> List[str]:
+    """Markdown rows: per operation, its worst case at any size and magnitude against each reference
+    (largest mean, largest max, largest share beyond one level, each over every case), and whether
+    the torchvision difference is within `within_tolerance`."""
+    worst: Dict[str, Dict[str, List]] = {}
+    for rows in by_size.values():
+        for row in rows:
+            for label in ("torchvision", "mindspore"):
+                difference = row[label]
+                if difference is not None:
+                    worst.setdefault(row["op"], {}).setdefault(label, []).append(difference)
+    lines = ["| op | vs torchvision: mean / max / beyond one level | rounding only | "
+             "vs MindSpore (before the rewrite) |", "|---|---|---|---|"]
+    for name, by_label in worst.items():
+        cells = []
+        for label in ("torchvision", "mindspore"):
+            found = by_label[label]
+            cells.append(f"{max(d.mean for d in found):.3f} / {max(d.max for d in found)} / "
+                         f"{max(d.beyond_one for d in found):.2%}")
+        ok = all(within_tolerance(name, difference) for difference in by_label["torchvision"])
+        lines.append(f"| {name} | {cells[0]} | {'yes' if ok else 'NO'} | {cells[1]} |")
     return lines
 
 
@@ -340,8 +370,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      "distributions against torchvision's.")
     parser.add_argument("--sizes", nargs="+", type=int, default=[224, 32], help="image sizes")
     parser.add_argument("--draws", type=int, default=20000, help="draws of erasing and mixing")
+    parser.add_argument("--full", action="store_true", help="every case, not only each operation's worst")
     args = parser.parse_args(argv)
-    print("\n".join(operation_table(args.sizes)))
+    by_size = measure_operations(args.sizes)
+    print("\n".join(summary_table(by_size)))
+    if args.full:
+        print()
+        print("\n".join(operation_table(by_size)))
     print()
     print("\n".join(distribution_table(args.draws)))
     return 0

@@ -90,7 +90,7 @@ def write_cifar_binary(path: str, images: np.ndarray, labels: np.ndarray) -> Non
 
 
 def write_cifar10(folder: str, train: Tuple[np.ndarray, np.ndarray],
-                  test: Tuple[np.ndarray, np.ndarray]) -> None:
+                  test: Tuple[np.ndarray, np.ndarray], class_names: Sequence[str] = CLASS_NAMES) -> None:
     """Write data_batch_1..5.bin (train split in five parts), test_batch.bin and batches.meta.txt."""
     os.makedirs(folder, exist_ok=True)
     parts = np.array_split(np.arange(len(train[1])), len(CIFAR_TRAIN_FILES))
@@ -98,7 +98,7 @@ def write_cifar10(folder: str, train: Tuple[np.ndarray, np.ndarray],
         write_cifar_binary(os.path.join(folder, name), train[0][part], train[1][part])
     write_cifar_binary(os.path.join(folder, CIFAR_TEST_FILE), *test)
     with open(os.path.join(folder, "batches.meta.txt"), "w", encoding="utf-8") as handle:
-        handle.write("\n".join(CLASS_NAMES) + "\n")
+        handle.write("\n".join(class_names) + "\n")
 
 
 def write_image_folder(folder: str, images: np.ndarray, labels: np.ndarray) -> None:
