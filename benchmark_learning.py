@@ -104,7 +104,7 @@ def run(repo: str, data_path: str, output_dir: str, *, recipe: str, seed: int, e
     with open(os.path.join(output_dir, "train.log"), "w", encoding="utf-8") as log:
         done = subprocess.run(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}); see {output_dir}/train.log")
+        raise RuntimeError(f"training in {repo} failed (exit {done.returncode}); see {output_dir}/train.log")
     return top1_by_epoch(output_dir)
 
 
@@ -123,6 +123,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--output_dir", default="", help="run folders and learning.json (default: a temporary "
                         "folder)")
     args = parser.parse_args(argv)
+    for repo in args.repo or []:
+        if not os.path.isfile(os.path.join(repo, "train.py")):
+            print(f"error: --repo {repo} holds no train.py; pass a checkout of this repository", file=sys.stderr)
+            return 2
+    try:
+        return measure(args)
+    except RuntimeError as err:  # a training run failed: its log is named
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Every run of every checkout, recipe and seed; the table; the JSON line."""
     output_dir = args.output_dir or tempfile.mkdtemp(prefix="learning_")
     data_path = args.data_path
     if not data_path:

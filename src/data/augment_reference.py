@@ -276,8 +276,9 @@ def photographs(size: int) -> List[np.ndarray]:
     """Real photographs that packages ship (matplotlib's portrait; scikit-learn's two views where it
     is installed), center-cropped square and resized to size x size with area averaging."""
     import cv2
-    from matplotlib import cbook
-    pictures = [Image.open(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)).convert("RGB")]
+
+    from src.data.photo_data import real_photograph
+    pictures = [real_photograph()]
     try:
         from sklearn.datasets import load_sample_images
         pictures += [Image.fromarray(image) for image in load_sample_images().images]
