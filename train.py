@@ -9,6 +9,7 @@ import os
 import random
 import shlex
 import sys
+import tempfile
 from typing import Optional, Sequence, Tuple
 
 import mindspore as ms
@@ -25,14 +26,16 @@ from src.dataset import (
     create_eval_dataset,
     create_source,
     create_train_input_stage,
+    normalization_of,
     set_start_epoch,
 )
-from src.device import cap_workers, init_device
+from src.device import available_cores, cap_workers, init_device
 from src.errors import UserInputError, run_cli
 from src.files import remove_stale_temporaries
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule, create_thor_lr_schedule
 from src.resnet import create_model
+from src.training.board import Board, batch_figure, target_captions
 from src.training.callbacks import (
     CheckpointSaver,
     EvalMonitor,
@@ -72,8 +75,9 @@ from src.training.faults import DivergenceGuard, GracefulStop, TrainingStopped, 
 from src.training.model_summary import model_summary, parameter_bytes, parameter_counts, summary_line
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
-from src.training.report import evaluate_with_report, save_report
+from src.training.report import class_names_for, evaluate_with_report, save_report
 from src.training.run_record import RunRecord
+from src.training.step_time import StepClock, input_bound_hints
 from src.training.thor import THOR, check_thor, create_thor_model
 from src.training.train_step import NetWithLoss, TrainStep, check_ema_decay, ema_schedule
 
@@ -301,21 +305,28 @@ def create_ema_twin(cfg: Config):
 
 def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, writer: bool, group_size: int,
                      steps_per_epoch: int, lrs: np.ndarray, first_step: int, eval_dataset,
-                     record: Optional[RunRecord], log, bad_samples, argv: Sequence[str]) -> list:
+                     record: Optional[RunRecord], board: Optional[Board], log, bad_samples,
+                     argv: Sequence[str], local_ranks: int = 1) -> list:
     """Logging, evaluation, checkpoints, the run record and profiling; files from the `writer`
     ranks only (rank 0, or each node's first rank with node-local storage).
-    The divergence guard comes first (nothing after it sees NaN weights at an epoch end), the
-    stop-signal handler last (it stops after the step's or the epoch's other work)."""
+    The step clock's two halves enclose the rest (the time between them is the wait for data);
+    the divergence guard comes next (nothing after it sees NaN weights at an epoch end), the
+    stop-signal handler last but the clock (it stops after the step's or the epoch's other work)."""
     ema_params = model.train_network.ema_params if cfg.model_ema else None
+    clock = StepClock()
     guard = DivergenceGuard(patience=cfg.nan_patience, steps_per_epoch=steps_per_epoch, lrs=lrs,
                             skips_overflow=cfg.loss_scale_type == "dynamic", first_step=first_step,
                             hints=divergence_hints(clip_grad_norm=cfg.clip_grad_norm,
                                                   loss_scale_type=cfg.loss_scale_type))
-    callbacks = [guard,
+    hints = input_bound_hints(workers=cfg.num_parallel_workers, worker_kind=cfg.data_worker_kind,
+                              cores_per_process=available_cores() / max(1, local_ranks),
+                              jpeg_folder=cfg.dataset != "cifar10", native_decoder=partial_decoder() is not None)
+    callbacks = [clock.start, guard,
                  TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
                               global_batch=cfg.batch_size * cfg.grad_accumulation_steps * group_size, lrs=lrs,
                               log_interval=cfg.log_interval, first_step=first_step, record=record, log=log,
-                              bad_samples=bad_samples.count if bad_samples else None)]
+                              bad_samples=bad_samples.count if bad_samples else None, clock=clock,
+                              input_bound_hints=hints, sink_queue=real_sink(cfg))]
     if eval_dataset is not None:
         callbacks.append(EvalMonitor(net=net, ema_net=create_ema_twin(cfg) if cfg.model_ema else None,
                                      ema_params=ema_params, dataset=eval_dataset, num_classes=cfg.class_num,
@@ -333,10 +344,12 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
         callbacks += [saver, RecordPlotter(record)]
     if cfg.enable_profiling:
         callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),
-                                         device_target=cfg.device_target, steps=cfg.profile_steps))
+                                         device_target=cfg.device_target, steps=cfg.profile_steps, clock=clock,
+                                         board=board, log=log, first_step=first_step))
     callbacks.append(FinalState(net=net, ema_params=ema_params, folder=folder, rank=rank, first_step=first_step))
     callbacks.append(graceful_stop(cfg, steps_per_epoch=steps_per_epoch, first_step=first_step, saver=saver,
                                    record=record, group_size=group_size, log=log, argv=argv))
+    callbacks.append(clock.stop)
     return callbacks
 
 
@@ -425,20 +438,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_resume_agreement(all_gather_ints(first_step if resume_from else -1, rank, group_size),
                                local_ranks, folder)
     set_start_epoch(dataset, start_epoch)
-    record = None
+    record = board = None
     if writer:
         os.makedirs(folder, exist_ok=True)
         removed = remove_stale_temporaries(folder)
         if removed:
             log(f"removed {len(removed)} temporary file(s) left by an interrupted run: {', '.join(removed)}")
         save_config(cfg, os.path.join(folder, "config.yaml"))
-        record = RunRecord(folder, resume_step=first_step if resume_from else None)
+        if cfg.tensorboard:
+            board = Board(folder, resume_step=first_step if resume_from else None)
+        record = RunRecord(folder, resume_step=first_step if resume_from else None, board=board)
+        if board and not resume_from:
+            start_board(cfg, board, dataset, rank=rank, group_size=group_size)
     dataset.bad_samples.reset()
     callbacks = create_callbacks(cfg, net=net, model=model, folder=folder, rank=rank, writer=writer,
                                  group_size=group_size,
                                  steps_per_epoch=steps_per_epoch, lrs=lrs, first_step=first_step,
-                                 eval_dataset=eval_dataset, record=record, log=log,
-                                 bad_samples=dataset.bad_samples, argv=argv)
+                                 eval_dataset=eval_dataset, record=record, board=board, log=log,
+                                 bad_samples=dataset.bad_samples, argv=argv, local_ranks=local_ranks)
 
     log(summary_line(cfg.net_name, dict(counted, checkpoint_mb=parameter_bytes(model.train_network) / 2**20),
                      "training checkpoint (weights and optimizer state)"))
@@ -454,7 +471,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "built; run bash scripts/setup_env.sh (it needs cc and libjpeg-dev)")
     if cfg.dataset_sink_mode and cfg.device_target == "CPU":
         log("dataset_sink_mode: MindSpore has no CPU sink, so steps run one by one (logs stay per step)")
-    callbacks[-1].install()
+    next(callback for callback in callbacks if isinstance(callback, GracefulStop)).install()
     try:
         if first_step > start_epoch * steps_per_epoch:
             start_epoch = train_rest_of_epoch(cfg, model, callbacks, rank=rank, group_size=group_size, folder=folder,
@@ -463,15 +480,49 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if start_epoch < cfg.epoch_size:
             model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=cfg.dataset_sink_mode,
                         sink_size=cfg.sink_size if cfg.dataset_sink_mode else -1, initial_epoch=start_epoch)
+        if eval_dataset is not None:
+            report_best(cfg, net, eval_dataset, folder=folder, rank=rank, writer=writer, group_size=group_size,
+                        log=log, board=board, step=cfg.epoch_size * steps_per_epoch)
+        if board:
+            board.finished(cfg.epoch_size * steps_per_epoch)
     except TrainingStopped as stopped:
         return stopped.exit_code
-    if eval_dataset is not None:
-        report_best(cfg, net, eval_dataset, folder=folder, rank=rank, writer=writer, group_size=group_size, log=log)
+    finally:
+        if board:
+            board.close()
     return 0
 
 
+def start_board(cfg: Config, board: Board, dataset, *, rank: int, group_size: int) -> None:
+    """A new run's TensorBoard record begins with its config (the HParams table, with the last
+    evaluation figures beside it) and its first training batch as the network sees it."""
+    board.hyperparameters(cfg.to_dict(), metrics=["eval/top_1", "eval/top_5", "eval/loss", "eval/ece", "train/loss"])
+    pixels, targets = first_batch(cfg, rank, group_size)
+    names = class_names_for(dataset.sample_source, cfg.class_num)
+    board.figure("data/first_batch", batch_figure(pixels, target_captions(targets, names)), 0)
+
+
+# The first training batch's picture shows this many of its images.
+PICTURE_IMAGES = 32
+
+
+def first_batch(cfg: Config, rank: int, group_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The first training batch after the whole recipe (policies, erasing, mixing: the training
+    graph's own input stage), back in uint8 RGB pixels [N, H, W, 3], with its targets. Read from a
+    second pipeline: every draw is a function of (seed, epoch, index), so it is the training's batch
+    (its unreadable samples, replaced the same way, are recorded by the training's own pipeline)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        batches = create_train_dataset(cfg, rank, group_size, scratch).create_tuple_iterator(num_epochs=1)
+        columns = next(batches)
+        batches.stop()  # its workers end here
+    images, targets = create_train_input_stage(cfg.dataset, data_recipe(cfg), cfg.class_num)(*columns)
+    shift, scale = normalization_of(cfg.dataset).shift_and_scale()
+    pixels = images.asnumpy()[:PICTURE_IMAGES].transpose(0, 2, 3, 1) / scale + shift
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8), targets.asnumpy()[:PICTURE_IMAGES]
+
+
 def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, writer: bool, group_size: int,
-                log) -> None:
+                log, board: Optional[Board] = None, step: int = 0) -> None:
     """The evaluation report of the run's best.ckpt (of the final weights when there is none) into
     <run folder>/report/, written where the run folder is (by each node's writer with node-local
     storage). Every rank evaluates its shard; each reads best.ckpt from its node's run folder."""
@@ -490,8 +541,11 @@ def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, write
         weights = best if found else f"the final weights of {folder}"
         log(f"report of {weights}: top-1 {result['top_1_accuracy']:.4f} top-5 {result['top_5_accuracy']:.4f} "
             f"ECE {result['ece']:.4f} on {result['samples']} images, in {os.path.join(folder, 'report')}")
-        save_report(os.path.join(folder, "report"), report, source=eval_dataset.sample_source,
-                    num_classes=cfg.class_num, title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
+        written = save_report(os.path.join(folder, "report"), report, source=eval_dataset.sample_source,
+                              num_classes=cfg.class_num, title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
+        for path in written:
+            if board and path.endswith(".png"):
+                board.picture_file(f"report/{os.path.splitext(os.path.basename(path))[0]}", path, step)
 
 
 def train_rest_of_epoch(cfg: Config, model: Model, callbacks: list, *, rank: int, group_size: int, folder: str,

@@ -161,7 +161,8 @@ def test_full_disk_during_second_checkpoint_then_resume(cifar_dir, tmp_path):
         folder = disk / RUN
         assert "cannot write" in line and "resnet18-1_6.ckpt" in line and "No space left" in line
         assert "free in" in result.stdout and "less than the last checkpoint" in result.stdout
-        assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "metrics.csv", "resnet18-1_3.ckpt"]
+        assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "metrics.csv", "resnet18-1_3.ckpt",
+                                                             "tensorboard"]
         assert [int(r["step"]) for r in metrics(folder)] == list(range(1, 7))
         read_checkpoint(str(folder / "resnet18-1_3.ckpt"))  # intact
 

@@ -147,7 +147,7 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, c
 def test_run_record_files_exist_and_parse(uninterrupted):
     rows = read_rows(uninterrupted)
     assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time",
-                             "bad_samples", "ema_top_1", "ema_top_5"]
+                             "bad_samples", "ema_top_1", "ema_top_5", "data_wait", "loss_scale", "grad_norm", "ece"]
     assert len(rows) == 36 and all(float(r["img_per_s"]) > 0 for r in rows)
     assert [float(r["wall_time"]) for r in rows] == sorted(float(r["wall_time"]) for r in rows)
     with Image.open(uninterrupted / "curves.png") as image:

@@ -100,11 +100,12 @@ def test_clipping_equals_a_numpy_global_norm_clip(initial):
     # plain SGD without momentum or decay: the update is exactly -lr * the clipped gradient
     opt = create_optimizer(net, name="SGD", learning_rate=lr, weight_decay=0.0, momentum=0.0)
     step = TrainStep(NetWithLoss(net, create_loss(num_classes=10)), opt, net=net, clip_grad_norm=clip)
-    step(images, labels)
+    outputs = step(images, labels)
     expected = {p.name: initial[p.name] - lr * g for p, g in zip(net.trainable_params(), clipped)}
     difference = worst(values(net.trainable_params()), expected)
     print(f"clip to {clip:.4f} (norm {norm:.4f}) vs NumPy: max abs weight difference {difference:.2e}")
     assert difference < 1e-6
+    assert len(outputs) == 4 and abs(float(outputs[3].asnumpy()) - norm) < 1e-5 * norm  # the norm before clipping
 
 
 def numpy_ema(raw_after_step: list, start: dict, schedule: EmaSchedule) -> dict:

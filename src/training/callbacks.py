@@ -25,8 +25,17 @@ from src.training.checkpoint import (
     rotate,
     save_atomic,
 )
-from src.training.metrics import evaluate
+from src.training.profile_table import (
+    TOP_OPERATORS,
+    console_lines,
+    find_summary,
+    read_summary,
+    table_csv,
+    table_markdown,
+)
+from src.training.report import evaluate_with_report
 from src.training.run_record import RunRecord
+from src.training.step_time import INPUT_BOUND_SHARE, StepClock, data_queue_depth, input_bound_line, wait_share
 
 
 def loss_value(outputs) -> float:
@@ -34,6 +43,17 @@ def loss_value(outputs) -> float:
     if isinstance(outputs, (tuple, list)):
         outputs = outputs[0]
     return float(np.mean(outputs.asnumpy()))
+
+
+def step_figures(outputs) -> dict:
+    """The loss scale and (when the step clips) the gradient norm from a train step's outputs
+    `(loss, overflow, loss_scale[, grad_norm])`; none for a step that returns the loss alone."""
+    if not isinstance(outputs, (tuple, list)) or len(outputs) < 3:
+        return {}
+    figures = {"loss_scale": float(np.mean(outputs[2].asnumpy()))}
+    if len(outputs) > 3:
+        figures["grad_norm"] = float(np.mean(outputs[3].asnumpy()))
+    return figures
 
 
 def format_duration(seconds: float) -> str:
@@ -63,11 +83,15 @@ class TrainMonitor(StepCounter):
 
     `global_batch` is the number of images one step consumes across all ranks; `lrs` is the
     whole schedule, indexed by global step; `bad_samples(epoch)` counts the unreadable samples
-    replaced in an epoch (1-based), for the epoch summary and the record."""
+    replaced in an epoch (1-based), for the epoch summary and the record. With a `clock`, every
+    line gives the share of the time spent waiting for data, and an epoch that waited more than
+    INPUT_BOUND_SHARE says so with `input_bound_hints`; with `sink_queue`, lines give the depth of
+    the device's data queue."""
 
     def __init__(self, *, steps_per_epoch: int, total_steps: int, global_batch: int, lrs: Sequence[float],
                  log_interval: int = 10, first_step: int = 0, record: Optional[RunRecord] = None,
-                 log: Callable[[str], None] = print, bad_samples: Optional[Callable[[int], int]] = None):
+                 log: Callable[[str], None] = print, bad_samples: Optional[Callable[[int], int]] = None,
+                 clock: Optional[StepClock] = None, input_bound_hints: str = "", sink_queue: bool = False):
         super().__init__(steps_per_epoch, first_step)
         self.total_steps = total_steps
         self.global_batch = global_batch
@@ -80,6 +104,8 @@ class TrainMonitor(StepCounter):
         self.run_start = self.window_time = self.epoch_start = time.time()
         self.window_step = self.logged_step = first_step
         self.epoch_losses = []
+        self.clock, self.input_bound_hints, self.sink_queue = clock, input_bound_hints, sink_queue
+        self.window_clock = self.epoch_clock = clock.totals() if clock else None
 
     def on_train_begin(self, run_context) -> None:
         self.run_start = self.window_time = time.time()
@@ -87,6 +113,8 @@ class TrainMonitor(StepCounter):
     def on_train_epoch_begin(self, run_context) -> None:
         self.epoch_start = time.time()
         self.epoch_losses = []
+        if self.clock:
+            self.window_clock = self.epoch_clock = self.clock.totals()
 
     def on_train_step_end(self, run_context) -> None:
         params = run_context.original_args()
@@ -101,13 +129,22 @@ class TrainMonitor(StepCounter):
         seconds_per_step = (now - self.run_start) / max(step - self.first_step, 1)
         lr = float(self.lrs[min(step - 1, len(self.lrs) - 1)])
         bad = self.bad_samples(params.cur_epoch_num) if self.bad_samples and at_epoch_end else None
+        figures = step_figures(params.net_outputs)
+        waited = None
+        if self.clock:
+            totals = self.clock.totals()
+            waited, self.window_clock = wait_share(self.window_clock, totals), totals
+        queue = data_queue_depth(run_context) if self.sink_queue else None
         self.log(f"epoch {params.cur_epoch_num} step {self.step_in_epoch(step)}/{self.steps_per_epoch} "
                  f"loss {loss:.4f} lr {lr:.6f} {images_per_second:.1f} img/s "
-                 f"eta {format_duration(seconds_per_step * (self.total_steps - step))}")
+                 + (f"data wait {waited:.0%} " if waited is not None else "")
+                 + (f"data queue {queue} " if queue is not None else "")
+                 + f"eta {format_duration(seconds_per_step * (self.total_steps - step))}")
         if self.record:
             self.record.add(epoch=params.cur_epoch_num, step=step, loss=loss, lr=lr,
                             img_per_s=round(images_per_second, 2),
-                            wall_time=round(self.wall_offset + now - self.run_start, 3), bad_samples=bad)
+                            wall_time=round(self.wall_offset + now - self.run_start, 3), bad_samples=bad,
+                            data_wait=None if waited is None else round(waited, 4), **figures)
         self.window_time, self.window_step, self.logged_step = now, step, step
 
     def on_train_epoch_end(self, run_context) -> None:
@@ -115,9 +152,13 @@ class TrainMonitor(StepCounter):
         seconds = time.time() - self.epoch_start
         images = self.steps_per_epoch * self.global_batch
         bad = self.bad_samples(params.cur_epoch_num) if self.bad_samples else 0
+        waited = wait_share(self.epoch_clock, self.clock.totals()) if self.clock else None
         self.log(f"epoch {params.cur_epoch_num} done: mean loss {np.mean(self.epoch_losses):.4f} "
                  f"time {seconds:.1f}s {images / max(seconds, 1e-9):.1f} img/s"
+                 + (f", waiting for data {waited:.0%} of it" if waited is not None else "")
                  + (f"; {bad} unreadable sample(s) replaced" if bad else ""))
+        if waited is not None and waited > INPUT_BOUND_SHARE:
+            self.log(input_bound_line(params.cur_epoch_num, waited, self.input_bound_hints))
 
 
 class EvalMonitor(Callback):
@@ -146,7 +187,7 @@ class EvalMonitor(Callback):
         return (epoch - self.eval_start_epoch) % self.eval_interval == 0 or epoch == self.epoch_size
 
     def _evaluate(self, net: nn.Cell) -> dict:
-        result = evaluate(net, self.dataset, num_classes=self.num_classes, group_size=self.group_size)
+        result, _ = evaluate_with_report(net, self.dataset, num_classes=self.num_classes, group_size=self.group_size)
         net.set_train(True)
         return result
 
@@ -157,7 +198,8 @@ class EvalMonitor(Callback):
             return
         result = self._evaluate(self.net)
         line = (f"epoch {epoch} eval: top-1 {result['top_1_accuracy']:.4f} top-5 "
-                f"{result['top_5_accuracy']:.4f} loss {result['loss']:.4f} on {result['samples']} images")
+                f"{result['top_5_accuracy']:.4f} loss {result['loss']:.4f} ECE {result['ece']:.4f} on "
+                f"{result['samples']} images")
         ema_weights, ema_result = {}, {}
         if self.ema_params is not None:
             # a snapshot (for best.ckpt too), not the live parameters the next step updates
@@ -168,7 +210,7 @@ class EvalMonitor(Callback):
         self.log(line)
         if self.record:
             self.record.add(epoch=epoch, step=epoch * params.batch_num, loss=result["loss"],
-                            top_1=result["top_1_accuracy"], top_5=result["top_5_accuracy"],
+                            top_1=result["top_1_accuracy"], top_5=result["top_5_accuracy"], ece=result["ece"],
                             ema_top_1=ema_result.get("top_1_accuracy"), ema_top_5=ema_result.get("top_5_accuracy"))
         candidate = ema_result or result  # best.ckpt follows the EMA when there is one
         if not math.isfinite(candidate["loss"]):
@@ -278,15 +320,26 @@ class FinalState(Callback):
 
 class ProfilerMonitor(Callback):
     """Runs MindSpore's profiler over `steps` steps after one skipped and one warm-up step, and
-    writes its traces under `folder` (view them with MindStudio Insight, or the trace JSON in
-    Perfetto / chrome://tracing)."""
+    writes its traces under `folder` (trace_view.json, in Chrome's trace format: Perfetto,
+    chrome://tracing or MindStudio Insight open it). When those steps are done it stops the
+    profiler and logs the operators that took the most time, with the steps' split between waiting
+    for data and computing (from `clock`); the table goes to `folder`/top_operators.csv and, with a
+    `board`, to TensorBoard's text panel."""
 
-    def __init__(self, *, folder: str, device_target: str, steps: int = 5):
+    SKIPPED, WARMUP = 1, 1
+
+    def __init__(self, *, folder: str, device_target: str, steps: int = 5, clock: Optional[StepClock] = None,
+                 board=None, log: Callable[[str], None] = print, first_step: int = 0):
         super().__init__()
-        self.folder, self.device_target, self.steps = folder, device_target, steps
+        self.folder, self.device_target, self.steps, self.first_step = folder, device_target, steps, first_step
+        self.clock, self.board, self.log = clock, board, log
         self.profiler = None
+        self.calls = 0
+        self.clock_before = None
 
     def on_train_begin(self, run_context) -> None:
+        if self.calls:  # a second train() call of a resumed run: the profiled steps are done
+            return
         from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
         activities = [ProfilerActivity.CPU]
         if self.device_target == "Ascend":
@@ -294,15 +347,41 @@ class ProfilerMonitor(Callback):
         elif self.device_target == "GPU":
             activities.append(ProfilerActivity.GPU)
         self.profiler = profile(activities=activities,
-                                schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1, skip_first=1),
-                                on_trace_ready=tensorboard_trace_handler(self.folder))
+                                schedule=schedule(wait=0, warmup=self.WARMUP, active=self.steps, repeat=1,
+                                                  skip_first=self.SKIPPED),
+                                on_trace_ready=tensorboard_trace_handler(self.folder), start_profile=False)
         self.profiler.start()
 
     def on_train_step_end(self, run_context) -> None:
-        if self.profiler is not None:
-            self.profiler.step()
+        if self.profiler is None:
+            return
+        self.profiler.step()
+        self.calls += 1
+        if self.calls == self.SKIPPED + self.WARMUP and self.clock:
+            self.clock_before = self.clock.totals()
+        if self.calls == self.SKIPPED + self.WARMUP + self.steps:
+            self._finish(run_context, self.steps)
 
     def on_train_end(self, run_context) -> None:
-        if self.profiler is not None:
-            self.profiler.stop()
-            self.profiler = None
+        if self.profiler is not None:  # the run ended before the profiled steps did
+            self._finish(run_context, self.calls - self.SKIPPED - self.WARMUP)
+
+    def _finish(self, run_context, steps: int) -> None:
+        share = wait_share(self.clock_before, self.clock.totals()) if self.clock_before else None
+        self.profiler.stop()
+        self.profiler = None
+        if steps > 0:
+            self.report(self.first_step + run_context.original_args().cur_step_num, steps, share)
+
+    def report(self, step: int, steps: int, share: Optional[float]) -> None:
+        """Log and save the table of the operators that took the most time over `steps` steps."""
+        path = find_summary(self.folder)
+        if path is None:
+            self.log(f"profiler: no operator summary under {self.folder}; open its trace files there")
+            return
+        rows = read_summary(path, steps)[:TOP_OPERATORS]
+        for line in console_lines(rows, steps=steps, wait_share=share):
+            self.log(line)
+        write_atomic(os.path.join(self.folder, "top_operators.csv"), table_csv(rows))
+        if self.board:
+            self.board.text("profiler/top_operators", table_markdown(rows, wait_share=share), step)

@@ -165,13 +165,14 @@ def class_names_for(source, num_classes: int) -> List[str]:
 
 
 def save_report(folder: str, report: EvalReport, *, source, num_classes: int, title: str,
-                log: Callable[[str], None] = print) -> None:
+                log: Callable[[str], None] = print) -> List[str]:
     """Write the report's files into `folder` (names from the dataset's `source`) and log the
-    worst classes and the most confused pairs."""
+    worst classes and the most confused pairs; returns the files written."""
     names = class_names_for(source, num_classes)
-    write_report(folder, report, names, title=title, sample_names=getattr(source, "paths", None))
+    written = write_report(folder, report, names, title=title, sample_names=getattr(source, "paths", None))
     for line in console_lines(report, names):
         log(line)
+    return written
 
 
 def per_class_rows(report: EvalReport, class_names: Sequence[str]) -> List[Dict]:

@@ -5,17 +5,20 @@ import os
 from typing import Dict, List, Optional
 
 from src.files import atomic_target, write_atomic, write_failure
+from src.training.board import Board, scalar_tags
 
 COLUMNS = ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time", "bad_samples", "ema_top_1",
-           "ema_top_5"]
+           "ema_top_5", "data_wait", "loss_scale", "grad_norm", "ece"]
 
 
 class RunRecord:
     """Appends rows to `folder`/metrics.csv and redraws `folder`/curves.png on request.
 
-    On resume, rows past the resumed step are dropped first: those steps are trained again."""
+    On resume, rows past the resumed step are dropped first: those steps are trained again. With a
+    `board`, every row goes to TensorBoard too, as the same values."""
 
-    def __init__(self, folder: str, resume_step: Optional[int] = None):
+    def __init__(self, folder: str, resume_step: Optional[int] = None, board: Optional[Board] = None):
+        self.board = board
         self.csv_path = os.path.join(folder, "metrics.csv")
         self.png_path = os.path.join(folder, "curves.png")
         self.rows: List[Dict[str, str]] = []
@@ -47,6 +50,8 @@ class RunRecord:
                 os.truncate(self.csv_path, size)
             raise write_failure(self.csv_path, err) from None
         self.rows.append(row)
+        if self.board:
+            self.board.scalars(int(row["step"]), scalar_tags(row))
 
     def plot(self) -> None:
         """Draw loss and lr against step, and top-1/top-5 against epoch, into curves.png."""
@@ -66,7 +71,8 @@ class RunRecord:
                 axes[2].plot([int(r["epoch"]) for r in evals], [float(r[column]) for r in evals], marker="o",
                              label=column.replace("_", "-").replace("ema-", "EMA "))
         axes[2].set(title="evaluation accuracy", xlabel="epoch", ylim=(0, 1))
-        axes[2].legend(loc="lower right")
+        if evals:
+            axes[2].legend(loc="lower right")
         figure.tight_layout()
         try:
             with atomic_target(self.png_path) as tmp:

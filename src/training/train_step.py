@@ -4,9 +4,10 @@ loss, loss scaling, gradients, gradient accumulation over micro-batches, data-pa
 unscaling, global-norm clipping, overflow skipping (dynamic loss scale), the optimizer update and
 the weight EMA.
 
-Everything happens inside the graph, so sink mode keeps one device call per sink. The cell always
+Everything happens inside the graph, so sink mode keeps one device call per sink. The cell
 returns `(loss, overflow, loss_scale)`, as MindSpore's loss-scaling cells do: `overflow` is True
 when the step's gradients were not finite and the update was skipped (dynamic loss scale only).
+A step that clips returns the gradients' global norm before clipping as a fourth output.
 
 Accumulation: one call receives `accumulation_steps` micro-batches stacked into one batch, runs
 forward and backward on each in turn and sums their gradients in the graph, so one call is one
@@ -174,10 +175,11 @@ class TrainStep(nn.Cell):
         return loss / steps, self.hyper_map(ops.partial(_scale, 1 / steps), grads)
 
     def clip_by_global_norm(self, grads):
-        """Scale all gradients by min(1, clip / (norm + 1e-6)), norm over all of them (as torch does)."""
+        """Scale all gradients by min(1, clip / (norm + 1e-6)), norm over all of them (as torch does);
+        returns the clipped gradients and the norm before clipping."""
         norm = ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads)))
         factor = ops.minimum(self.clip_grad_norm / (norm + 1e-6), 1.0)
-        return self.hyper_map(ops.partial(_scale, factor), grads)
+        return self.hyper_map(ops.partial(_scale, factor), grads), norm
 
     def update_ema(self, step):
         due = (step % self.steps_per_epoch) % self.ema_every == 0
@@ -205,8 +207,9 @@ class TrainStep(nn.Cell):
         if self.dynamic:
             overflow = ops.logical_not(ops.stack(self.hyper_map(_finite, grads)).all())
             overflow = self.scale_update(self.scale_sense, overflow)
+        norm = Tensor(0.0, ms.float32)
         if self.clip:
-            grads = self.clip_by_global_norm(grads)
+            grads, norm = self.clip_by_global_norm(grads)
         if self.dynamic:
             if not overflow:
                 loss = ops.depend(loss, self.apply(grads, step))
@@ -214,4 +217,6 @@ class TrainStep(nn.Cell):
             loss = ops.depend(loss, self.apply(grads, step))
         if self.use_ema:
             loss = ops.depend(loss, ops.assign_add(self.train_steps, Tensor(1, ms.int32)))
+        if self.clip:
+            return loss, overflow, scale, norm
         return loss, overflow, scale
