@@ -66,7 +66,7 @@ def share_of_machine(alone: bool) -> Iterator[None]:
 # --no-loadscope-reorder so xdist keeps this order).
 LONGEST_FIRST = ("test_resume", "test_distributed", "test_convert_torch", "test_export", "test_report",
                  "test_quantize", "test_end_to_end", "test_multinode", "test_benchmark", "test_zoo",
-                 "test_zoo_configs", "test_faults", "test_watch")
+                 "test_zoo_configs", "test_faults", "test_watch", "test_checkpoint_files")
 
 
 def pytest_collection_modifyitems(items):

@@ -1,5 +1,6 @@
-"""Checkpoint lifecycle: exact resume after SIGKILL, atomic saves, best checkpoint, fine-tuning,
-bad checkpoints, and the run record."""
+"""Exact resume: after SIGKILL, after SIGTERM mid-epoch, after random kills of a relaunched job
+(with its TensorBoard record); fine-tuning, bad checkpoints and the run record. Checkpoint files
+themselves (atomic saves, best.ckpt, rotation) are in tests/test_checkpoint_files.py."""
 import csv
 import hashlib
 import os
@@ -14,7 +15,8 @@ import pytest
 from PIL import Image
 
 from conftest import PYTHON, REPO, run, wait_for_step
-from src.training.checkpoint import EMA_PREFIX, list_checkpoints, network_part, read_checkpoint, rotate
+from src.training.checkpoint import EMA_PREFIX, list_checkpoints, network_part, read_checkpoint
+from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -155,36 +157,6 @@ def test_run_record_files_exist_and_parse(uninterrupted):
     assert "epoch_size: 3" in (uninterrupted / "config.yaml").read_text()
 
 
-def test_kill_during_saves_leaves_only_loadable_checkpoints(cifar_dir, tmp_path):
-    # A checkpoint every step: most of the time is spent saving, so the kills land mid-save.
-    for attempt, delay in enumerate((0.05, 0.2, 0.45)):
-        out = tmp_path / str(attempt)
-        process = subprocess.Popen(train_args(cifar_dir, out, "--epoch_size", "3", "--save_checkpoint_steps", "1",
-                                              "--keep_checkpoint_max", "3"),
-                                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        kill_when(process, out / RUN / "resnet18-1_2.ckpt", delay)
-        finals = sorted((out / RUN).glob("resnet18-*.ckpt"))
-        assert finals
-        for path in finals:
-            read_checkpoint(str(path))  # raises on a truncated or corrupt file
-
-
-def test_best_checkpoint_holds_the_best_epoch_of_the_ema(cifar_dir, tmp_path):
-    # With model_ema on, evaluation reports raw and EMA accuracy and best.ckpt follows the EMA.
-    result = run(train_args(cifar_dir, tmp_path, "--epoch_size", "2", "--run_eval", "True", "--save_checkpoint",
-                            "False", "--model_ema", "True", "--model_ema_decay", "0.9", "--model_ema_steps", "1"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    folder = tmp_path / RUN
-    evals = [r for r in read_rows(folder) if r["top_1"]]
-    assert [int(r["epoch"]) for r in evals] == [1, 2]
-    assert all(r["ema_top_1"] and r["ema_top_5"] for r in evals)
-    best = max(evals, key=lambda r: (float(r["ema_top_1"]), -int(r["epoch"])))
-    stored = ms.load_checkpoint(str(folder / "best.ckpt"))
-    assert int(stored["epoch_num"].asnumpy()) == int(best["epoch"])
-    assert float(stored["top_1_accuracy"].asnumpy()) == pytest.approx(float(best["ema_top_1"]))
-    assert len([name for name in stored if name.startswith(EMA_PREFIX)]) == 102
-
-
 @pytest.fixture(scope="module")
 def pretrained(uninterrupted) -> Path:
     return uninterrupted / "resnet18-1_12.ckpt"
@@ -225,21 +197,6 @@ def test_bad_checkpoint_is_one_line_and_changes_nothing(kind, key, uninterrupted
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0], result.stderr[-2000:]
     assert digest(uninterrupted) == before
-
-
-def test_rotation_keeps_the_newest_and_the_newest_epoch_end(tmp_path):
-    names = ["resnet18-1_12.ckpt", "resnet18-2_4.ckpt", "resnet18-2_8.ckpt", "resnet18-2_12.ckpt",
-             "resnet18-3_4.ckpt", "resnet18-3_8.ckpt", "resnet18-3_10.ckpt"]
-    for age, name in enumerate(names):
-        (tmp_path / name).write_bytes(b"x")
-        os.utime(tmp_path / name, (1000 + age, 1000 + age))
-    (tmp_path / "best.ckpt").write_bytes(b"x")
-    removed = rotate(str(tmp_path), "resnet18", keep=2, steps_per_epoch=12)
-    left = sorted(p.name for p in tmp_path.iterdir())
-    # two checkpoints: the newest end-of-epoch one (what --resume needs) and the newest; best.ckpt apart
-    assert left == ["best.ckpt", "resnet18-2_12.ckpt", "resnet18-3_10.ckpt"]
-    assert len(removed) == 5
-
 
 
 def recorded_steps(folder: Path) -> int:
@@ -295,17 +252,9 @@ def test_relaunched_after_random_kills_ends_with_the_uninterrupted_weights(unint
     best = float(read_checkpoint(str(folder / "best.ckpt"))["top_1_accuracy"].asnumpy())
     assert best == pytest.approx(max(float(row["ema_top_1"] or row["top_1"]) for row in evaluations), abs=1e-6)
     assert (folder / "report").is_dir()
-
-
-def test_resume_refuses_a_folder_of_another_run_without_checkpoints(tmp_path):
-    import train
-    from src.config import load_config, save_config
-    from src.errors import UserInputError
-    config = load_config(["--config_path", CONFIG])
-    train.check_relaunch_folder(config, str(tmp_path))  # empty: fine
-    save_config(config, str(tmp_path / "config.yaml"))
-    relaunched = load_config(["--config_path", CONFIG, "--resume", "True"])
-    train.check_relaunch_folder(relaunched, str(tmp_path))  # the same run relaunched: fine
-    other = load_config(["--config_path", CONFIG, "--seed", "7"])
-    with pytest.raises(UserInputError, match=r"holds another run \(its config.yaml has seed: 1, this one 7\)"):
-        train.check_relaunch_folder(other, str(tmp_path))
+    # TensorBoard, through a real server: one continuous record, each step once, equal to metrics.csv
+    with tensorboard(folder) as board:
+        board.wait_for("images", "report/calibration")
+        assert_scalars_equal_record(board, read_rows(folder))
+        assert len(board.session_groups()) == 1
+        assert len(board.get(f"data/plugin/images/images?run={BOARD_RUN}&tag=data/first_batch")) == 1

@@ -1,30 +1,23 @@
 """Watching a run: its TensorBoard record read back through a real TensorBoard server's HTTP API,
-a resumed run's record, the data-wait share and the input-bound line, the profiler's table."""
-import contextlib
+the data-wait share and the input-bound line, the profiler's table. (A run killed and relaunched
+is read back the same way in tests/test_resume.py, after the relaunch chaos test.)"""
 import csv
 import io
-import json
-import signal
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, List
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import PYTHON, REPO, run, wait_for_step
-from netns import free_port
+from conftest import PYTHON, REPO, run
 from src.training.step_time import INPUT_BOUND_SHARE
+from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard
 
 pytestmark = pytest.mark.slow  # trains and starts servers: not in the quick tier
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
-BOARD_RUN = "tensorboard"  # TensorBoard names a run by its folder under --logdir (the run folder here)
 # 12 steps per epoch (200 images, batch 16); clipping, so the step reports its gradient norm.
 TRAIN = ["--config_path", CONFIG, "--batch_size", "16", "--lr_max", "0.05", "--warmup_epochs", "0",
          "--clip_grad_norm", "1.0"]
@@ -37,72 +30,6 @@ def train_args(data: Path, out: Path, *extra: str) -> list:
 def read_rows(folder: Path) -> List[Dict[str, str]]:
     with open(folder / "metrics.csv", newline="") as handle:
         return list(csv.DictReader(handle))
-
-
-class TensorBoard:
-    """A `tensorboard` server over `logdir` on a loopback port, asked through its HTTP API."""
-
-    def __init__(self, logdir: Path):
-        self.port = free_port()
-        self.process = subprocess.Popen([PYTHON, "-m", "tensorboard.main", "--logdir", str(logdir),
-                                         "--port", str(self.port), "--host", "127.0.0.1"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def get(self, path: str, body=None):
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/{path}",
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            data = response.read()
-        return data if path.startswith("data/plugin/images/individualImage") else json.loads(data)
-
-    def wait_for(self, plugin: str, tag: str, timeout: float = 120) -> None:
-        """Until the server has loaded `tag` of `plugin` (it reads event files in the background)."""
-        deadline = time.time() + timeout
-        while True:
-            assert self.process.poll() is None, self.process.communicate()[1][-2000:]
-            with contextlib.suppress(urllib.error.URLError, ConnectionError):
-                if tag in self.get(f"data/plugin/{plugin}/tags").get(BOARD_RUN, {}):
-                    return
-            assert time.time() < deadline, f"TensorBoard never served {plugin} {tag}"
-            time.sleep(0.5)
-
-    def scalars(self, tag: str) -> Dict[int, float]:
-        rows = self.get(f"data/plugin/scalars/scalars?run={BOARD_RUN}&tag={tag}")
-        steps = [step for _, step, _ in rows]
-        assert len(steps) == len(set(steps)), f"{tag}: a step recorded twice: {steps}"
-        return {step: value for _, step, value in rows}
-
-    def session_groups(self) -> list:
-        return self.get("data/plugin/hparams/session_groups",
-                        {"experimentName": "", "startIndex": 0, "sliceSize": 100, "colParams": [],
-                         "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
-                                             "STATUS_RUNNING"]})["sessionGroups"]
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
-
-
-@contextlib.contextmanager
-def tensorboard(logdir: Path) -> Iterator[TensorBoard]:
-    server = TensorBoard(logdir)
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-def assert_scalars_equal_record(board: TensorBoard, rows: List[Dict[str, str]]) -> None:
-    """Every numeric column of metrics.csv is a TensorBoard scalar with the same steps and values
-    (TensorBoard keeps float32)."""
-    for section, kept in (("train", [r for r in rows if not r["top_1"]]), ("eval", [r for r in rows if r["top_1"]])):
-        columns = [c for c in kept[0] if c not in ("epoch", "step", "wall_time") and any(r[c] for r in kept)]
-        for column in columns:
-            expected = {int(r["step"]): float(r[column]) for r in kept if r[column]}
-            got = board.scalars(f"{section}/{column}")
-            assert sorted(got) == sorted(expected), f"{section}/{column}"
-            assert all(np.isclose(got[s], expected[s], rtol=1e-6, atol=1e-12) for s in expected), f"{section}/{column}"
 
 
 @pytest.fixture(scope="module")
@@ -159,27 +86,6 @@ def test_profiler_table_names_the_convolutions(watched_run):
     kinds = {row["op_type"] for row in table}
     assert {"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput"} <= kinds
     assert all(float(row["calls_per_step"]) > 0 and float(row["ms_per_step"]) > 0 for row in table)
-
-
-def test_killed_and_resumed_run_keeps_one_continuous_record(cifar_dir, tmp_path):
-    # A checkpoint every 4 steps; killed once step 7 is recorded, so steps 5-7 are trained (and
-    # recorded) twice: the record must hold each step once, with the values of the second time.
-    args = train_args(cifar_dir, tmp_path, "--epoch_size", "2", "--run_eval", "True", "--log_interval", "1",
-                      "--save_checkpoint_steps", "4", "--resume", "True")
-    folder = tmp_path / RUN
-    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wait_for_step(folder, 7, process)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    resumed = run(args)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    rows = read_rows(folder)
-    assert [int(r["step"]) for r in rows if not r["top_1"]] == list(range(1, 25))
-    with tensorboard(folder) as board:
-        board.wait_for("images", "report/calibration")
-        assert_scalars_equal_record(board, rows)
-        assert len(board.session_groups()) == 1
-        assert len(board.get(f"data/plugin/images/images?run={BOARD_RUN}&tag=data/first_batch")) == 1
 
 
 # The training data source, slowed by a test-only delay per sample, then train.py as usual.
