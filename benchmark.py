@@ -415,7 +415,7 @@ def write_pipeline_data(args: argparse.Namespace, data_root: str) -> Tuple[Dict[
 def write_cifar_records(folder: str, records: int) -> str:
     """A CIFAR-10 binary training file (data_batch_1.bin) of `records` random images, and a
     one-record test_batch.bin; the folder."""
-    from src.dataset import CIFAR_RECORD_BYTES
+    from src.data.sources import CIFAR_RECORD_BYTES
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(0)
     for name, count in (("data_batch_1.bin", records), ("test_batch.bin", 1)):

@@ -28,7 +28,8 @@ import numpy as np
 from PIL import Image
 
 from src.data.host_stage import normalization_of
-from src.dataset import DATASETS, IMAGE_EXTENSIONS, eval_image
+from src.data.sources import IMAGE_EXTENSIONS
+from src.dataset import DATASETS, eval_image
 from src.deploy.inference import (
     ExportedModel,
     file_format_of,

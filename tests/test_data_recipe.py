@@ -25,7 +25,9 @@ from src.data.auto_augment import (
 from src.data.batch_mixing import draw_mix, mix_batch, one_hot
 from src.data.host_stage import IMAGENET_MEAN, IMAGENET_STD, host_mix, host_normalize, normalization_of
 from src.data.random_erasing import erase, erase_box
-from src.dataset import Augmentation, EpochSampler, create_dataset, create_train_input_stage, folder_eval_transform
+from src.data.sampling import EpochSampler
+from src.data.transforms import folder_eval_transform
+from src.dataset import Augmentation, create_dataset, create_train_input_stage
 from src.errors import UserInputError
 from src.loss import CrossEntropySmooth
 

@@ -11,16 +11,15 @@ import pytest
 from PIL import Image
 
 from conftest import PYTHON, REPO, run
+from src.data.sampling import EpochSampler
+from src.data.sources import CIFAR_RECORD_BYTES, ImageFolderSource
+from src.data.transforms import folder_eval_transform
 from src.dataset import (
     CIFAR_MEAN,
-    CIFAR_RECORD_BYTES,
     CIFAR_STD,
-    EpochSampler,
-    ImageFolderSource,
     create_dataset,
     create_source,
     eval_image,
-    folder_eval_transform,
     host_normalize,
     set_start_epoch,
 )

@@ -253,7 +253,7 @@ def test_predict_on_jpegs_matches_checkpoint_and_eval(exported, checkpoints, fol
 def test_predict_cifar_model_on_png_files(exported, checkpoints, cifar_dir, tmp_path):
     """A CIFAR-10 network's ONNX export on the test split written as lossless PNG files gives the
     checkpoint network's top-1 on the CIFAR binary pipeline, named by batches.meta.txt."""
-    from src.dataset import CifarBinarySource
+    from src.data.sources import CifarBinarySource
     source = CifarBinarySource(str(cifar_dir), training=False)
     folder = tmp_path / "pngs"
     folder.mkdir()

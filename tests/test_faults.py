@@ -17,8 +17,11 @@ from PIL import Image
 
 from conftest import PYTHON, REPO, run
 from src.data.bad_samples import BadSampleLog, bad_sample_limit, scan_unreadable
+from src.data.batches import AugmentedSource
 from src.data.image_decode import crop_resize
-from src.dataset import AugmentedSource, EpochSampler, ImageFolderSource, create_dataset
+from src.data.sampling import EpochSampler
+from src.data.sources import ImageFolderSource
+from src.dataset import create_dataset
 from src.errors import UserInputError
 from src.files import remove_stale_temporaries
 from src.resnet import create_model

@@ -25,7 +25,7 @@ from src.data.image_decode import (
     partial_decoder,
 )
 from src.data.photo_data import render_photo
-from src.dataset import EVAL_CROP_RATIO, folder_eval_transform, folder_train_transform, random_resized_crop_box
+from src.data.transforms import EVAL_CROP_RATIO, folder_eval_transform, folder_train_transform, random_resized_crop_box
 
 SIZE = 224
 GRAY_LEVEL = 1.0  # the stated tolerance: mean absolute difference, in 0-255 levels

@@ -125,7 +125,7 @@ def test_predict_runs_the_int8_file(models, cifar_dir, tmp_path):
     from PIL import Image
 
     from src.data.host_stage import host_normalize, normalization_of
-    from src.dataset import CifarBinarySource
+    from src.data.sources import CifarBinarySource
     from src.deploy.inference import ExportedModel
     from src.deploy.quantize import compare_exports
     source = CifarBinarySource(str(cifar_dir), training=False)

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from conftest import PYTHON, REPO, run
-from src.dataset import CifarBinarySource
+from src.data.sources import CifarBinarySource
 from src.resnet import create_model
 from src.training.metrics import ClassificationCounts
 from src.training.model_summary import model_summary

@@ -105,7 +105,7 @@ def test_cli(tmp_path):
 def test_digits_are_real_scans_split_into_cifar_files(tmp_path):
     from src.data.digits_data import HELD_OUT
     from src.data.digits_data import main as digits_main
-    from src.dataset import CifarBinarySource
+    from src.data.sources import CifarBinarySource
     assert digits_main([str(tmp_path / "digits")]) == 0
     train = CifarBinarySource(str(tmp_path / "digits"), training=True)
     test = CifarBinarySource(str(tmp_path / "digits"), training=False)

@@ -91,9 +91,9 @@ def test_profiler_table_names_the_convolutions(watched_run):
 # The training data source, slowed by a test-only delay per sample, then train.py as usual.
 SLOWED = """
 import runpy, sys, time
-import src.dataset
-load = src.dataset.CifarBinarySource.load
-src.dataset.CifarBinarySource.load = lambda self, index: (time.sleep({delay}), load(self, index))[1]
+import src.data.sources
+load = src.data.sources.CifarBinarySource.load
+src.data.sources.CifarBinarySource.load = lambda self, index: (time.sleep({delay}), load(self, index))[1]
 sys.argv = ["train.py"] + sys.argv[1:]
 runpy.run_path("train.py", run_name="__main__")
 """
