@@ -330,7 +330,7 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
     if eval_dataset is not None:
         callbacks.append(EvalMonitor(net=net, ema_net=create_ema_twin(cfg) if cfg.model_ema else None,
                                      ema_params=ema_params, dataset=eval_dataset, num_classes=cfg.class_num,
-                                     group_size=group_size, epoch_size=cfg.epoch_size,
+                                     group_size=group_size, epoch_size=cfg.epoch_size, steps_per_epoch=steps_per_epoch,
                                      eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
                                      best_folder=folder if cfg.save_best_ckpt and writer else None,
                                      best_top1=best_top1(folder) if first_step else -1.0, record=record, log=log))

@@ -102,7 +102,7 @@ def test_evaluation_with_non_finite_loss_never_becomes_best(cifar_dir, tmp_path)
     net = create_model("resnet18", num_classes=10)
     net.fc.bias.set_data(Tensor(np.full(10, np.nan, np.float32)))
     data = create_dataset("cifar10", str(cifar_dir), training=False, batch_size=64, image_size=32)
-    monitor = EvalMonitor(net=net, dataset=data, num_classes=10, group_size=1, epoch_size=1,
+    monitor = EvalMonitor(net=net, dataset=data, num_classes=10, group_size=1, epoch_size=1, steps_per_epoch=1,
                           best_folder=str(tmp_path), log=lambda message: None)
     monitor.on_train_epoch_end(RunContext(InternalCallbackParam(cur_epoch_num=1, batch_num=1)))
     assert not (tmp_path / "best.ckpt").exists()

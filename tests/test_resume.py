@@ -249,6 +249,7 @@ def test_relaunched_after_random_kills_ends_with_the_uninterrupted_weights(unint
     assert worst < 1e-5
     evaluations = [row for row in read_rows(folder) if row["top_1"]]
     assert [int(row["epoch"]) for row in evaluations] == [1, 2, 3]  # each epoch evaluated once
+    assert [int(row["step"]) for row in evaluations] == [12, 24, 36]  # at its last step, resumed mid-epoch or not
     best = float(read_checkpoint(str(folder / "best.ckpt"))["top_1_accuracy"].asnumpy())
     assert best == pytest.approx(max(float(row["ema_top_1"] or row["top_1"]) for row in evaluations), abs=1e-6)
     assert (folder / "report").is_dir()

@@ -166,17 +166,19 @@ class EvalMonitor(Callback):
     last); keeps `best.ckpt` (with its epoch and top-1 inside) when `best_folder` is given.
 
     With `ema_params` (the train step's EMA of the weights), the EMA is loaded into `ema_net` and
-    evaluated too; best.ckpt then follows the EMA top-1 and holds the EMA weights beside the raw."""
+    evaluated too; best.ckpt then follows the EMA top-1 and holds the EMA weights beside the raw.
+    The record gets the evaluation at the epoch's last global step (`steps_per_epoch`, not the
+    batch count of MindSpore's current train() call: a mid-epoch resume trains a shorter one)."""
 
     def __init__(self, *, net: nn.Cell, dataset, num_classes: int, group_size: int, epoch_size: int,
-                 eval_start_epoch: int = 1, eval_interval: int = 1, best_folder: Optional[str] = None,
-                 best_top1: float = -1.0, record: Optional[RunRecord] = None,
+                 steps_per_epoch: int, eval_start_epoch: int = 1, eval_interval: int = 1,
+                 best_folder: Optional[str] = None, best_top1: float = -1.0, record: Optional[RunRecord] = None,
                  log: Callable[[str], None] = print, ema_net: Optional[nn.Cell] = None,
                  ema_params: Optional[Sequence[Parameter]] = None):
         super().__init__()
         self.net, self.dataset, self.num_classes, self.group_size = net, dataset, num_classes, group_size
         self.ema_net, self.ema_params = ema_net, ema_params
-        self.epoch_size = epoch_size
+        self.epoch_size, self.steps_per_epoch = epoch_size, steps_per_epoch
         self.eval_start_epoch, self.eval_interval = eval_start_epoch, max(1, eval_interval)
         self.best_folder, self.best_top1 = best_folder, best_top1
         self.record, self.log = record, log
@@ -209,7 +211,7 @@ class EvalMonitor(Callback):
             line += f"; EMA top-1 {ema_result['top_1_accuracy']:.4f} top-5 {ema_result['top_5_accuracy']:.4f}"
         self.log(line)
         if self.record:
-            self.record.add(epoch=epoch, step=epoch * params.batch_num, loss=result["loss"],
+            self.record.add(epoch=epoch, step=epoch * self.steps_per_epoch, loss=result["loss"],
                             top_1=result["top_1_accuracy"], top_5=result["top_5_accuracy"], ece=result["ece"],
                             ema_top_1=ema_result.get("top_1_accuracy"), ema_top_5=ema_result.get("top_5_accuracy"))
         candidate = ema_result or result  # best.ckpt follows the EMA when there is one
