@@ -31,10 +31,11 @@ def temporary_path(path: str) -> str:
 
 
 @contextlib.contextmanager
-def atomic_target(path: str) -> Iterator[str]:
-    """Yield a temporary path to write; on success it replaces `path`. On any failure the temporary
-    is removed, `path` keeps its old content, and an OSError becomes a WriteError naming `path`."""
-    tmp = temporary_path(path)
+def atomic_target(path: str, tmp: Optional[str] = None) -> Iterator[str]:
+    """Yield a temporary path to write (`tmp`, default `temporary_path(path)`); on success it
+    replaces `path`. On any failure the temporary is removed, `path` keeps its old content, and an
+    OSError becomes a WriteError naming `path`."""
+    tmp = tmp or temporary_path(path)
     try:
         yield tmp
         os.replace(tmp, path)

@@ -112,3 +112,28 @@ def test_slowed_input_is_reported_input_bound(cifar_dir, tmp_path):
     bound = {line.split()[2]: line for line in result.stdout.splitlines() if line.startswith("input-bound: ")}
     assert "2" in bound and "raise num_parallel_workers (now 1;" in bound["2"]
     assert not (tmp_path / RUN / "tensorboard").exists()
+
+
+def test_pruning_keeps_the_steps_a_checkpoint_covers_and_cuts_a_half_written_event(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from src.training.board import Board, event_files, prune_events
+    board = Board(str(tmp_path))
+    for step in range(1, 9):
+        board.scalars(step, {"train/loss": 1.0 / step})
+    board.close()
+    (path,) = event_files(str(tmp_path / "tensorboard"))
+    with open(path, "ab") as handle:  # a kill in the middle of writing an event
+        handle.write(b"\x40\x00\x00\x00\x00\x00\x00\x00partial")
+
+    def steps() -> list:
+        return [event.step for event in EventFileLoader(path).Load() if event.summary.value]
+
+    assert prune_events(str(tmp_path / "tensorboard"), keep_through=5) == 3
+    assert steps() == [1, 2, 3, 4, 5]
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "tensorboard").iterdir())
+    size = Path(path).stat().st_size
+    assert prune_events(str(tmp_path / "tensorboard"), keep_through=5) == 0 and Path(path).stat().st_size == size
+    Board(str(tmp_path)).close()  # a run starting over in the folder: nothing of the old record stays
+    assert all(not [e for e in EventFileLoader(p).Load() if e.summary.value]
+               for p in event_files(str(tmp_path / "tensorboard")))

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from src.files import TMP_PREFIX, remove_stale_temporaries, write_failure
+from src.files import TMP_PREFIX, atomic_target, remove_stale_temporaries, write_failure
 
 BOARD_FOLDER = "tensorboard"
 
@@ -48,18 +48,11 @@ def prune_events(folder: str, keep_through: Optional[int]) -> int:
         dropped += len(records) - len(kept)
         if len(kept) == len(records) and os.path.getsize(path) == _size_of(records):
             continue
-        tmp = os.path.join(folder, f"{TMP_PREFIX}{os.getpid()}-pruned")
-        try:
+        with atomic_target(path, tmp=os.path.join(folder, f"{TMP_PREFIX}{os.getpid()}-pruned")) as tmp:
             writer = RecordWriter(tmp)
             for record in kept:
                 writer.write(record)
             writer.close()
-            os.replace(tmp, path)
-        except OSError as err:
-            raise write_failure(path, err) from None
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
     return dropped
 
 
