@@ -88,7 +88,6 @@ class Board:
             raise write_failure(self.folder, err) from None
         remove_stale_temporaries(self.folder)
         prune_events(self.folder, resume_step)
-        self.resumed = resume_step is not None
         # the pid in the name: two launches in one second would otherwise share (and overwrite) a file
         self.events = self._guarded(lambda: EventsWriter(os.path.join(self.folder, "events"), f".{os.getpid()}"))
         self.path = self.events._file_name
