@@ -22,7 +22,7 @@ from PIL import Image
 
 from src.data.auto_augment import create_policy
 from src.data.bad_samples import BadSampleLog, bad_sample_limit
-from src.data.batches import AugmentedSource, BatchSource
+from src.data.batches import AugmentedSource, BatchAssembly, BatchKeys, BatchSource
 from src.data.host_stage import (  # noqa: F401 (statistics and normalization re-exported for callers of this face)
     CIFAR_MEAN,
     CIFAR_STD,
@@ -138,6 +138,8 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
                               erase_probability=augmentation.random_erase, batch_stage=batch_stage,
                               bad_samples=bad_samples, keys_per_epoch=len(source) * sampler.repeats)
     batches = BatchSampler(sampler, batch_size, drop_remainder=training)
+    keys = BatchKeys(sampler, batch_size, batches.batches_per_epoch)
+    assembly = BatchAssembly(image_size, augmentation=augmentation, batch_stage=batch_stage, seed=seed)
     columns = ["image", "label"] + (["erase", "mix"] if batch_stage else [])
     if workers["python_multiprocessing"]:
         # The workers are forked from this process. Forked while OpenCV's thread pool has threads,
@@ -145,9 +147,7 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
         # (seen when earlier OpenCV work ran in this process). So this process's OpenCV runs on one
         # thread from here on, as every worker's does.
         cv2.setNumThreads(1)
-    data = ds.GeneratorDataset(BatchSource(samples, sampler, batch_size, batches.batches_per_epoch,
-                                           augmentation=augmentation, batch_stage=batch_stage, seed=seed),
-                               columns, sampler=batches, **workers)
+    data = ds.GeneratorDataset(BatchSource(samples, keys, assembly), columns, sampler=batches, **workers)
     data.epoch_sampler = sampler
     data.sample_source = source  # class names and sample files, for reports (GeneratorDataset owns `source`)
     data.bad_samples = bad_samples

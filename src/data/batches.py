@@ -34,7 +34,7 @@ class AugmentedSource:
                  bad_samples: Optional[BadSampleLog] = None, keys_per_epoch: int = 0):
         self.source = source
         self.transform = transform
-        self.augment = augment
+        self.augment_samples = augment
         self.seed = seed
         self.policy = policy
         self.erase_probability, self.image_size = erase_probability, image_size
@@ -46,14 +46,15 @@ class AugmentedSource:
     def __len__(self) -> int:
         return len(self.source)
 
-    def _sample(self, key: int, index: int, out: np.ndarray):
-        rng = sample_generator(self.seed, key) if self.augment else None
-        image = self.transform(self.source.load(index), rng, out)
+    def augment(self, key: int, raw, label: int, out: np.ndarray):
+        """Write sample `key` (its raw image `raw`, as the source loads it) into `out`; returns its
+        label and, with `batch_stage`, its erase box (else None)."""
+        rng = sample_generator(self.seed, key) if self.augment_samples else None
+        image = self.transform(raw, rng, out)
         if self.policy is not None and rng is not None:
             image = self.policy(np.ascontiguousarray(image), rng)
         if image is not out:
             out[...] = image
-        label = self.source.labels[index]
         if not self.batch_stage:
             return label, None
         return label, erase_box(self.image_size, self.image_size, rng, self.erase_probability)
@@ -68,7 +69,7 @@ class AugmentedSource:
             if index in self.known_bad:
                 continue
             try:
-                return self._sample(key, index, out)
+                return self.augment(key, self.source.load(index), self.source.labels[index], out)
             except UNREADABLE_ERRORS as err:
                 if self.bad_samples is None:
                     raise UserInputError(f"cannot read {sample_name(self.source, index)} ({reason_of(err)}); "
@@ -107,44 +108,47 @@ _generators = _Generators()
 _WORD = (1 << 64) - 1  # Philox keys are unsigned 64-bit words
 
 
-class BatchSource:
-    """Whole batches by batch number (`epoch * batches_per_epoch + position`), so a worker hands
-    over one batch at a time: uint8 NHWC images and int32 labels, plus, for the training recipe's
-    batch stage, each sample's erase box (int32 [B, 4]) and the batch's mixing (float32 [8],
-    src/data/input_stage.py MIX_FIELDS) drawn from a generator keyed by (seed, the batch's first
-    key). The batch's keys come from `sampler.epoch_keys`, so any worker computes any batch."""
+class BatchKeys:
+    """The sample keys of each batch number (`epoch * batches_per_epoch + position`), from
+    `sampler.epoch_keys`: any worker computes any batch's keys."""
 
-    def __init__(self, samples: AugmentedSource, sampler: "EpochSampler", batch_size: int, batches_per_epoch: int,
-                 *, augmentation: "Augmentation", batch_stage: bool, seed: int):
-        self.samples, self.sampler = samples, sampler
-        self.batch_size, self.batches_per_epoch = batch_size, batches_per_epoch
-        self.augmentation, self.batch_stage, self.seed = augmentation, batch_stage, seed
+    def __init__(self, sampler: "EpochSampler", batch_size: int, batches_per_epoch: int):
+        self.sampler, self.batch_size, self.batches_per_epoch = sampler, batch_size, batches_per_epoch
         self._epoch, self._keys = None, None
-        self._process = None
 
-    def __len__(self) -> int:
-        return self.batches_per_epoch
-
-    def batch_keys(self, number: int) -> np.ndarray:
-        """The sample keys of batch `number`."""
-        epoch, position = divmod(number, self.batches_per_epoch)
+    def epoch_keys(self, epoch: int) -> np.ndarray:
+        """The keys of `epoch`'s batches, one after another (a partial epoch's tail included)."""
         if epoch != self._epoch:
             self._epoch, self._keys = epoch, self.sampler.epoch_keys(epoch)[self.sampler.skip:]
-        return self._keys[position * self.batch_size:(position + 1) * self.batch_size]
+        return self._keys
 
-    def __getitem__(self, number: int):
+    def __call__(self, number: int) -> np.ndarray:
+        epoch, position = divmod(number, self.batches_per_epoch)
+        return self.epoch_keys(epoch)[position * self.batch_size:(position + 1) * self.batch_size]
+
+
+class BatchAssembly:
+    """One batch from its sample keys: uint8 NHWC images and int32 labels, plus, for the training
+    recipe's batch stage, each sample's erase box (int32 [B, 4]) and the batch's mixing (float32
+    [8], src/data/input_stage.py MIX_FIELDS) drawn from a generator keyed by (seed, the batch's
+    first key). `fill(slot, key, out)` writes one sample and returns (label, erase box or None)."""
+
+    def __init__(self, image_size: int, *, augmentation: "Augmentation", batch_stage: bool, seed: int):
+        self.image_size, self.augmentation, self.batch_stage, self.seed = image_size, augmentation, batch_stage, seed
+        self._process = None
+
+    def __call__(self, keys: np.ndarray, fill: Callable[[int, int, np.ndarray], tuple]):
         if self._process != os.getpid():
             # Each worker is one thread of work: OpenCV's own threads would only oversubscribe
             # the cores the other workers and the training process use.
             cv2.setNumThreads(1)
             self._process = os.getpid()
-        keys = self.batch_keys(int(number))
-        size = self.samples.image_size
+        size = self.image_size
         images = np.empty((len(keys), size, size, 3), np.uint8)
         labels = np.empty(len(keys), np.int32)
         boxes = np.empty((len(keys), 4), np.int32)
         for slot, key in enumerate(keys):
-            labels[slot], box = self.samples.fill(key, images[slot])
+            labels[slot], box = fill(slot, int(key), images[slot])
             if box is not None:
                 boxes[slot] = box
         if not self.batch_stage:
@@ -155,3 +159,17 @@ class BatchSource:
             mix = draw_mix(rng, size, size, mixup_alpha=self.augmentation.mixup_alpha,
                            cutmix_alpha=self.augmentation.cutmix_alpha)
         return images, labels, boxes, mix
+
+
+class BatchSource:
+    """Whole batches by batch number from a random-access source, so a worker hands over one batch
+    at a time (see BatchAssembly for what a batch holds)."""
+
+    def __init__(self, samples: AugmentedSource, keys: BatchKeys, assembly: BatchAssembly):
+        self.samples, self.keys, self.assembly = samples, keys, assembly
+
+    def __len__(self) -> int:
+        return self.keys.batches_per_epoch
+
+    def __getitem__(self, number: int):
+        return self.assembly(self.keys(int(number)), lambda slot, key, out: self.samples.fill(key, out))

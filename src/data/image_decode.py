@@ -16,6 +16,7 @@ import functools
 import io
 import math
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Tuple, Union
@@ -92,6 +93,11 @@ def open_image(path: str, partial: bool = True) -> Union[JpegFile, Image.Image]:
         data = read_file(path)
     except OSError as err:
         raise _unreadable(path, err) from None
+    return image_from_bytes(data, path, partial)
+
+
+def image_from_bytes(data: bytes, path: str, partial: bool = True) -> Union[JpegFile, Image.Image]:
+    """An encoded image already in memory, as `open_image` returns it; `path` names it in errors."""
     frame = jpeg_frame(data)
     if partial and frame is not None and frame.components in (1, 3) and partial_decoder() is not None:
         return JpegFile(path, data, frame)
@@ -122,7 +128,10 @@ def read_file(path: str) -> bytes:
 
 
 def _unreadable(path: str, err: BaseException) -> UnreadableImageError:
-    return UnreadableImageError(path, str(err))
+    return UnreadableImageError(path, _IN_MEMORY.sub("", str(err)))
+
+
+_IN_MEMORY = re.compile(r" <_io\.BytesIO object at 0x[0-9a-f]+>")  # Pillow names the buffer, not the file
 
 
 def crop_resize(image: Union[JpegFile, Image.Image], box: Box, size: Tuple[int, int],
