@@ -34,6 +34,7 @@ from src.data.host_stage import (  # noqa: F401 (statistics and normalization re
 from src.data.input_stage import TrainInputStage
 from src.data.recipe import PLAIN, Augmentation
 from src.data.sampling import BatchSampler, EpochSampler
+from src.data.shards import ENCODED, PIXELS, MindRecordSource, RecordAssembly, RecordBatches, shard_folder
 from src.data.sources import CifarBinarySource, ImageFolderSource
 from src.data.transforms import fit_size, sample_transform
 from src.device import worker_budget
@@ -77,7 +78,13 @@ def _source_workers(num_parallel_workers: int, worker_kind: str) -> dict:
 
 def create_source(dataset: str, data_path: str, training: bool):
     """The raw sample source for `dataset` ('cifar10' binary files, 'imagenet2012' or 'flower_photos'
-    class folders)."""
+    class folders), or the MindRecord shards converted from them where the split's folder holds
+    shards (`data_path`/train, `data_path`/val or test, or `data_path` itself)."""
+    if dataset not in DATASETS:
+        raise UserInputError(f"unknown dataset '{dataset}'; choose one of {', '.join(DATASETS)}")
+    shards = shard_folder(data_path, "train" if training else EVAL_FOLDERS.get(dataset, "val"))
+    if shards:
+        return MindRecordSource(shards, kind=PIXELS if dataset == "cifar10" else ENCODED)
     if dataset == "cifar10":
         return CifarBinarySource(data_path, training)
     if dataset in EVAL_FOLDERS:
@@ -147,7 +154,14 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
         # (seen when earlier OpenCV work ran in this process). So this process's OpenCV runs on one
         # thread from here on, as every worker's does.
         cv2.setNumThreads(1)
-    data = ds.GeneratorDataset(BatchSource(samples, keys, assembly), columns, sampler=batches, **workers)
+    if isinstance(source, MindRecordSource):
+        # One reader streams each epoch's records in the keys' order; the workers decode and augment.
+        raw = ["keys", "images", "ends"]
+        data = ds.GeneratorDataset(RecordBatches(source, keys), raw, sampler=batches, num_parallel_workers=1,
+                                   python_multiprocessing=False)
+        data = data.map(RecordAssembly(samples, assembly), input_columns=raw, output_columns=columns, **workers)
+    else:
+        data = ds.GeneratorDataset(BatchSource(samples, keys, assembly), columns, sampler=batches, **workers)
     data.epoch_sampler = sampler
     data.sample_source = source  # class names and sample files, for reports (GeneratorDataset owns `source`)
     data.bad_samples = bad_samples

@@ -1,0 +1,256 @@
+"""MindRecord shards (src/data/mindrecord.py converts, src/data/shards.py reads): the conversion of
+the sample data, the same batches as the source folders (recipe, workers, ranks, resume), a
+training run with equal weights, and each kind of bad shard set named in one line."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore.mindrecord import FileWriter
+
+from conftest import PYTHON, REPO, run
+from src.data.recipe import Augmentation
+from src.data.shards import CLASS_LIST, MANIFEST, MindRecordSource, read_header, records_in
+from src.dataset import create_dataset, create_source
+from src.errors import UserInputError, user_error_message
+
+V2 = Augmentation(auto_augment="ta_wide", random_erase=0.25, mixup_alpha=0.2, cutmix_alpha=1.0, ra_reps=2)
+SIZES = {"cifar10": 32, "imagenet2012": 40}
+
+
+def convert(source: Path, output: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run([PYTHON, "-m", "src.data.mindrecord", "--data_path", str(source), "--output", str(output), *extra])
+
+
+@pytest.fixture(scope="module")
+def shard_root(sample_root, tmp_path_factory) -> Path:
+    """The sample data converted: cifar10/{train,val} (one shard each) and imagenet/{train,val} (3 each)."""
+    root = tmp_path_factory.mktemp("shards")
+    for name, shards in (("cifar10", "1"), ("imagenet", "3")):
+        result = convert(sample_root / name, root / name, "--shards", shards, "--workers", "2")
+        assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def sources_of(sample_root: Path, shard_root: Path, dataset: str):
+    folder = "cifar10" if dataset == "cifar10" else "imagenet"
+    return str(sample_root / folder), str(shard_root / folder)
+
+
+def all_batches(data, epochs: int = 1) -> list:
+    iterator = data.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
+    return [[tuple(np.asarray(column) for column in batch) for batch in iterator] for _ in range(epochs)]
+
+
+def assert_same_batches(first: list, second: list) -> None:
+    assert [len(epoch) for epoch in first] == [len(epoch) for epoch in second]
+    for epoch_a, epoch_b in zip(first, second):
+        for batch_a, batch_b in zip(epoch_a, epoch_b):
+            assert len(batch_a) == len(batch_b)
+            for column_a, column_b in zip(batch_a, batch_b):
+                np.testing.assert_array_equal(column_a, column_b)
+
+
+def batches_of(dataset: str, path: str, epochs: int = 1, **options) -> list:
+    options.setdefault("training", True)
+    return all_batches(create_dataset(dataset, path, batch_size=16, image_size=SIZES[dataset], class_num=10,
+                                      **options), epochs)
+
+
+# ---------------------------------------------------------------- the conversion
+
+@pytest.mark.parametrize("name", ["cifar10", "imagenet"])
+def test_conversion_holds_every_record_in_order_with_its_class_list(sample_root, shard_root, name):
+    dataset = "cifar10" if name == "cifar10" else "imagenet2012"
+    for split, training in (("train", True), ("val", False)):
+        folder = shard_root / name / split
+        manifest = json.loads((folder / MANIFEST).read_text())
+        original = create_source(dataset, str(sample_root / name), training=training)
+        shards = create_source(dataset, str(shard_root / name), training=training)
+        assert isinstance(shards, MindRecordSource) and len(shards) == len(original)
+        np.testing.assert_array_equal(shards.labels, original.labels)
+        assert (folder / CLASS_LIST).read_text().splitlines() == list(original.class_names)
+        counts = [records_in(read_header(str(folder / shard["file"]))) for shard in manifest["shards"]]
+        assert counts == [shard["records"] for shard in manifest["shards"]] and sum(counts) == len(original)
+        if name == "imagenet":
+            assert shards.paths == [os.path.relpath(p, original.root) for p in original.paths]
+            raw, index = next(shards.read([17]))
+            assert (raw, index) == (17, Path(original.paths[17]).read_bytes())  # the file's bytes, not re-encoded
+
+
+def test_converting_again_leaves_a_finished_conversion_as_it_is(sample_root, shard_root):
+    before = {p.name: p.stat().st_mtime_ns for p in (shard_root / "imagenet" / "train").iterdir()}
+    result = convert(sample_root / "imagenet", shard_root / "imagenet", "--shards", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {p.name: p.stat().st_mtime_ns for p in (shard_root / "imagenet" / "train").iterdir()} == before
+
+
+def test_an_interrupted_conversion_never_looks_finished_and_goes_on_when_run_again(sample_root, tmp_path):
+    """SIGINT after two of many one-worker shards: no manifest, nothing at --output; the second run
+    keeps the shards done and ends with the records a straight conversion writes."""
+    output, partial = tmp_path / "train", tmp_path / "train.partial"
+    command = [PYTHON, "-m", "src.data.mindrecord", "--data_path", str(sample_root / "imagenet" / "train"),
+               "--output", str(output), "--shards", "100", "--workers", "1"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.time() + 120
+    while len(list(partial.glob("*.done"))) < 2:
+        assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    assert not output.exists() and not (partial / MANIFEST).exists()
+    done = len(list(partial.glob("*.done")))
+    assert 2 <= done < 100
+    result = run(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{done} of 100 shards already written" in result.stdout
+    assert not partial.exists()
+    source = MindRecordSource(str(output), kind="encoded")
+    assert [index for index, _ in source.read(np.arange(len(source)))] == list(range(200))
+
+
+# ---------------------------------------------------------------- the same batches as the folders
+
+@pytest.mark.parametrize("dataset", ["cifar10", "imagenet2012"])
+def test_training_batches_equal_the_folders_with_the_whole_recipe(sample_root, shard_root, dataset):
+    folder, shards = sources_of(sample_root, shard_root, dataset)
+    assert_same_batches(batches_of(dataset, folder, epochs=2, augmentation=V2, num_parallel_workers=1),
+                        batches_of(dataset, shards, epochs=2, augmentation=V2, num_parallel_workers=1))
+
+
+def test_batches_do_not_depend_on_workers_or_their_kind(sample_root, shard_root):
+    _, shards = sources_of(sample_root, shard_root, "imagenet2012")
+    one = batches_of("imagenet2012", shards, augmentation=V2, num_parallel_workers=1)
+    assert_same_batches(one, batches_of("imagenet2012", shards, augmentation=V2, num_parallel_workers=2))
+    assert_same_batches(one, batches_of("imagenet2012", shards, augmentation=V2, num_parallel_workers=2,
+                                        worker_kind="thread"))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_each_rank_reads_the_folders_share(sample_root, shard_root, training):
+    """Train ranks take their slice of the epoch's permutation, eval ranks every sample once
+    between them: as the folder's ranks do (tests/test_dataset.py checks those)."""
+    folder, shards = sources_of(sample_root, shard_root, "imagenet2012")
+    for rank in range(3):
+        options = dict(training=training, num_shards=3, shard_id=rank, num_parallel_workers=1)
+        assert_same_batches(batches_of("imagenet2012", folder, **options),
+                            batches_of("imagenet2012", shards, **options))
+
+
+def test_a_resumed_epoch_and_a_later_start_epoch_equal_the_folders(sample_root, shard_root):
+    folder, shards = sources_of(sample_root, shard_root, "cifar10")
+    for options in (dict(start_epoch=1, skip_samples=48), dict(start_epoch=3)):
+        assert_same_batches(batches_of("cifar10", folder, epochs=2, augmentation=V2, **options),
+                            batches_of("cifar10", shards, epochs=2, augmentation=V2, **options))
+
+
+@pytest.mark.slow
+def test_training_from_shards_ends_with_the_folders_weights(sample_root, shard_root, tmp_path):
+    """train.py with the data recipe from the CIFAR-10 files and from their shards: the very same
+    weights after an epoch; eval.py gives the same figures on both."""
+    config = ["--config_path", str(REPO / "config" / "sample_resnet18.yaml"), "--epoch_size", "1",
+              "--batch_size", "16", "--warmup_epochs", "0", "--auto_augment", "cifar10", "--random_erase", "0.25",
+              "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--run_eval", "False"]
+    weights, reports = [], []
+    for name, data in (("folder", sample_root / "cifar10"), ("shards", shard_root / "cifar10")):
+        result = run([PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(tmp_path / name), *config])
+        assert result.returncode == 0, result.stderr[-3000:]
+        checkpoint = tmp_path / name / "resnet18" / "cifar10" / "resnet18-1_12.ckpt"
+        weights.append({k: v.asnumpy() for k, v in ms.load_checkpoint(str(checkpoint)).items()})
+        result = run([PYTHON, "eval.py", "--config_path", str(REPO / "config" / "sample_resnet18.yaml"),
+                      "--data_path", str(data), "--checkpoint_file_path", str(checkpoint)])
+        assert result.returncode == 0, result.stderr[-3000:]
+        reports.append({k: v for k, v in json.loads(result.stdout.splitlines()[-1]).items() if k != "checkpoint"})
+    assert weights[0].keys() == weights[1].keys()
+    difference = max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0])
+    assert difference == 0.0
+    assert reports[0] == reports[1]
+
+
+# ---------------------------------------------------------------- bad shard sets
+
+@pytest.fixture
+def copied(shard_root, tmp_path) -> Path:
+    """A copy of the converted imagenet sample to damage."""
+    target = tmp_path / "imagenet"
+    shutil.copytree(shard_root / "imagenet", target)
+    return target
+
+
+def error_of(path: Path, training: bool = True) -> str:
+    with pytest.raises(UserInputError) as raised:
+        create_source("imagenet2012", str(path), training=training)
+    return str(raised.value)
+
+
+def test_a_truncated_shard_is_named(copied):
+    shard = copied / "train" / "part-00001-of-00003.mindrecord"
+    os.truncate(shard, shard.stat().st_size - 100)
+    assert str(shard) in error_of(copied) and "truncated" in error_of(copied)
+
+
+def test_a_missing_index_file_is_named(copied):
+    (copied / "train" / "part-00002-of-00003.mindrecord.db").unlink()
+    assert "part-00002-of-00003.mindrecord.db is missing" in error_of(copied)
+
+
+def test_a_missing_member_of_the_set_is_named(copied):
+    (copied / "val" / "part-00000-of-00003.mindrecord").unlink()
+    assert "part-00000-of-00003.mindrecord is missing" in error_of(copied, training=False)
+
+
+def test_a_class_list_that_disagrees_with_the_records_is_named(copied):
+    names = (copied / "train" / CLASS_LIST).read_text().splitlines()
+    (copied / "train" / CLASS_LIST).write_text("\n".join(names[:-1]) + "\n")
+    assert f"class list {copied / 'train' / CLASS_LIST} (9 names) disagrees" in error_of(copied)
+
+
+def test_an_unfinished_conversion_is_named(copied):
+    (copied / "train" / MANIFEST).unlink()
+    assert "did not finish" in error_of(copied)
+
+
+def test_shards_of_another_tool_are_named(tmp_path):
+    """The model zoo's conversion scripts write {"data": bytes, "label": int32}."""
+    folder = tmp_path / "zoo" / "train"
+    folder.mkdir(parents=True)
+    writer = FileWriter(str(folder / "imagenet.mindrecord"), shard_num=1)
+    writer.add_schema({"data": {"type": "bytes"}, "label": {"type": "int32"}}, "zoo")
+    writer.write_raw_data([{"data": b"\xff\xd8", "label": 0}])
+    writer.commit()
+    assert "another tool's schema (fields ['data', 'label'])" in error_of(tmp_path / "zoo")
+
+
+def test_cifar_shards_under_a_class_folder_dataset_say_which_dataset_to_use(shard_root):
+    with pytest.raises(UserInputError, match="holds CIFAR-10 pixels; use --dataset cifar10"):
+        create_source("imagenet2012", str(shard_root / "cifar10"), training=True)
+
+
+def test_a_damaged_image_in_a_shard_names_the_shard_when_read(copied):
+    shard = copied / "train" / "part-00001-of-00003.mindrecord"
+    data = bytearray(shard.read_bytes())
+    header = 1 << 24  # the blob pages follow MindRecord's 16 MB header
+    for at in range(header, header + 40_000, 7):
+        data[at] ^= 0x5A
+    shard.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError) as raised:
+        all_batches(create_dataset("imagenet2012", str(copied), training=True, batch_size=16, image_size=40,
+                                   num_parallel_workers=1))
+    message = user_error_message(raised.value)
+    assert message.startswith(f"cannot decode {shard} (record ")
+
+
+def test_eval_of_a_damaged_set_is_one_line_and_exit_2(copied):
+    os.truncate(copied / "val" / "part-00000-of-00003.mindrecord", 1000)
+    result = run([PYTHON, "eval.py", "--config_path", str(REPO / "config" / "sample_resnet18.yaml"),
+                  "--dataset", "imagenet2012", "--data_path", str(copied), "--checkpoint_file_path", "none.ckpt"])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: shard {copied / 'val'}")
