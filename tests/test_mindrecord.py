@@ -15,6 +15,7 @@ import pytest
 from mindspore.mindrecord import FileWriter
 
 from conftest import PYTHON, REPO, run
+from src.data.bad_samples import scan_unreadable
 from src.data.recipe import Augmentation
 from src.data.shards import CLASS_LIST, MANIFEST, MindRecordSource, read_header, records_in
 from src.dataset import create_dataset, create_source
@@ -115,6 +116,20 @@ def test_an_interrupted_conversion_never_looks_finished_and_goes_on_when_run_aga
     assert not partial.exists()
     source = MindRecordSource(str(output), kind="encoded")
     assert [index for index, _ in source.read(np.arange(len(source)))] == list(range(200))
+
+
+def test_converter_bad_input_is_one_line_and_writes_nothing(sample_root, tmp_path):
+    missing = convert(tmp_path / "missing", tmp_path / "out")
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        f"error: source folder not found: {tmp_path / 'missing'}; pass --data_path with a class folder, a dataset "
+        f"root or CIFAR-10's binary files"]
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("mine")
+    result = convert(sample_root / "imagenet" / "train", occupied)
+    assert result.returncode == 2 and "is no finished conversion" in result.stderr.strip().splitlines()[-1]
+    assert [p.name for p in occupied.iterdir()] == ["notes.txt"] and not (tmp_path / "occupied.partial").exists()
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- the same batches as the folders
@@ -246,6 +261,17 @@ def test_a_damaged_image_in_a_shard_names_the_shard_when_read(copied):
                                    num_parallel_workers=1))
     message = user_error_message(raised.value)
     assert message.startswith(f"cannot decode {shard} (record ")
+
+
+def test_check_data_finds_the_damaged_image(copied):
+    assert scan_unreadable(create_source("imagenet2012", str(copied), training=True), workers=2) == []
+    data = bytearray((copied / "train" / "part-00002-of-00003.mindrecord").read_bytes())
+    header = 1 << 24
+    data[header:header + 2000] = bytes(2000)  # the first image's JPEG header and more
+    (copied / "train" / "part-00002-of-00003.mindrecord").write_bytes(bytes(data))
+    found = scan_unreadable(create_source("imagenet2012", str(copied), training=True), workers=2)
+    first_of_shard = 200 * 2 // 3
+    assert [name for name, _ in found] == [MindRecordSource(str(copied / "train"), "encoded").paths[first_of_shard]]
 
 
 def test_eval_of_a_damaged_set_is_one_line_and_exit_2(copied):

@@ -217,7 +217,7 @@ def convert_split(source, output: str, *, shards: Optional[int], workers: int, o
         json.dump(manifest, stream)
     _replace(partial, output)
     log(f"{output}: {total} records in {shards} shards, "
-        f"{sum(entry['bytes'] for entry in entries) / 2**20:.1f} MB")
+        f"{sum(disk_bytes(output, entry['file']) for entry in entries) / 2**20:.1f} MB on disk")
     return manifest
 
 
@@ -231,11 +231,16 @@ def write_shards(tasks: Sequence[Tuple], source, *, workers: int, shards: int, a
     with context.Pool(max(1, min(workers, len(tasks) or 1))) as pool:
         for entry in pool.imap_unordered(write_shard, tasks):
             entries.append(entry)
-            records, written = records + entry["records"], written + entry["bytes"]
+            records, written = records + entry["records"], written + disk_bytes(tasks[0][0], entry["file"])
             seconds = time.perf_counter() - started
             log(f"{label}: shard {already + len(entries)}/{shards} done, {records} records, "
                 f"{written / 2**20:.1f} MB, {records / max(seconds, 1e-6):.0f} records/s")
     return entries
+
+
+def disk_bytes(folder: str, shard: str) -> int:
+    """What a shard and its index take on disk (a shard's reserved header and page ends are holes)."""
+    return sum(os.stat(os.path.join(folder, name)).st_blocks * 512 for name in (shard, shard + ".db"))
 
 
 def _replace(partial: str, output: str) -> None:

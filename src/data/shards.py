@@ -103,6 +103,7 @@ class MindRecordSource:
         self.labels = np.asarray(manifest["labels"], np.int32)
         self.class_names = read_class_list(folder, manifest)
         self._paths: Optional[List[str]] = None
+        self._cursor, self._cursor_next = None, None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -120,18 +121,24 @@ class MindRecordSource:
 
     def read(self, indices: np.ndarray, workers: int = READ_WORKERS) -> Iterator[Tuple[int, bytes]]:
         """(index, image bytes) of each of `indices`, in that order, read by MindSpore's C++ reader."""
-        data = ds.MindDataset(self.files, columns_list=["index", "image"], num_parallel_workers=workers,
-                              sampler=ds.SubsetSampler([int(i) for i in indices]))
         try:
-            for index, image in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
-                yield int(index), image.tobytes()
+            for start in range(0, len(indices), len(self)):  # a SubsetSampler takes at most the set's size
+                chunk = [int(i) for i in indices[start:start + len(self)]]
+                data = ds.MindDataset(self.files, columns_list=["index", "image"], num_parallel_workers=workers,
+                                      sampler=ds.SubsetSampler(chunk))
+                for index, image in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
+                    yield int(index), image.tobytes()
         except RuntimeError as err:
             raise UserInputError(f"cannot read the MindRecord shards in {self.root} ({_first_line(err)}); "
                                  f"{RECONVERT}") from None
 
     def load(self, index: int):
-        """One record's image (a reader of its own: for checks, not for training)."""
-        (_, data), = self.read([index], workers=1)
+        """One record's image, for checks (training reads whole batches: RecordBatches). Indices
+        asked in a row share one reader, which goes on to the end of the set."""
+        if self._cursor is None or self._cursor_next != index:
+            self._cursor = self.read(np.arange(index, len(self)), workers=1)
+        self._cursor_next = index + 1
+        _, data = next(self._cursor)
         return self.decode(data, index)
 
     def check(self, index: int) -> None:
@@ -148,7 +155,7 @@ class MindRecordSource:
         return self._paths
 
     def __getstate__(self):
-        return {**self.__dict__, "_paths": None}
+        return {**self.__dict__, "_paths": None, "_cursor": None, "_cursor_next": None}
 
 
 def _first_line(err: BaseException) -> str:
