@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -336,6 +337,8 @@ PIPELINE_CASES = {
         "native_train": (native_imagenet_dataset, True),
         "ours_eval": (our_dataset, False),
         "native_eval": (native_imagenet_dataset, False)}),
+    "photos_shards": ("photos_shards", {"ours_train": (our_dataset, True), "ours_eval": (our_dataset, False)}),
+    "real_shards": ("real_shards", {"ours_train": (our_dataset, True), "ours_eval": (our_dataset, False)}),
     "cifar": ("cifar", {
         "ours": (functools.partial(our_dataset, dataset="cifar10"), True),
         "v2": (functools.partial(our_dataset, dataset="cifar10", recipe=V2_RECIPE), True),
@@ -387,11 +390,76 @@ def serve_pipelines(args: argparse.Namespace) -> int:
     os.sched_setaffinity(0, cores)  # threads and worker processes started from here on inherit the mask
     folders = json.loads(args.photo_dir)
     small, photos = max(2, args.ceiling_images // args.photo_batch), max(2, 2 * args.photos // args.photo_batch)
-    batches = {"tiny": small, "photos": photos, "real": photos, "cifar": small}
+    batches = {"tiny": small, "photos": photos, "real": photos, "photos_shards": photos, "real_shards": photos,
+               "cifar": small}
     result = measure_pipelines(folders, batch=args.photo_batch, workers=args.workers, batches=batches,
                                repeats=args.repeats)
     print(REPLY + json.dumps({"cores": len(cores), "workers": args.workers, **result}), flush=True)
     return 0
+
+
+# stat()ed around the counted batches: where they start and end in strace's log
+STORAGE_MARK = "/benchmark-storage-mark"
+STORAGE_CALLS = "openat,open,read,pread64,readv,preadv,newfstatat,stat,statx"
+READ_CALLS = ("read", "pread64", "readv", "preadv")
+
+
+def serve_storage(args: argparse.Namespace) -> int:
+    """The process strace watches: the training pipeline on --photo_dir (one worker), one batch to
+    start, then --steps batches between two marks."""
+    data = our_dataset(args.photo_dir, training=True, batch=args.photo_batch, workers=1)
+    iterator = data.repeat(-1).create_tuple_iterator(num_epochs=1, output_numpy=True)
+    next(iterator)
+    _mark()
+    samples = sum(len(next(iterator)[1]) for _ in range(args.steps))
+    _mark()
+    print(REPLY + json.dumps({"samples": samples}), flush=True)
+    return 0
+
+
+def _mark() -> None:
+    try:
+        os.stat(STORAGE_MARK)
+    except FileNotFoundError:
+        pass
+
+
+def storage_calls(path: str, *, batch: int, batches: int) -> Optional[Dict[str, float]]:
+    """Files opened and read calls on the data's files per 1,000 training samples, counted by
+    strace over the process, its threads and workers: what a network file system charges per call,
+    which this machine's page cache hides. None without strace."""
+    if shutil.which("strace") is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="storage-calls-") as folder:
+        log = os.path.join(folder, "calls.log")
+        command = ["strace", "-f", "-y", "-qq", "-e", f"trace={STORAGE_CALLS}", "-o", log, sys.executable,
+                   os.path.abspath(__file__), "--worker", "storage", "--photo_dir", path,
+                   "--photo_batch", str(batch), "--steps", str(batches)]
+        reply = _reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
+                                         cwd=os.path.dirname(os.path.abspath(__file__))), "storage")
+        opened, reads = count_storage_calls(log, os.path.realpath(path))
+    per_thousand = 1000 / reply["samples"]
+    return {"files_opened": round(opened * per_thousand, 1), "read_calls": round(reads * per_thousand, 1)}
+
+
+def count_storage_calls(log: str, root: str) -> Tuple[int, int]:
+    """(files opened under `root`, read calls on them) between the two marks of an strace -f -y log."""
+    opened = reads = 0
+    inside = False
+    with open(log) as lines:
+        for line in lines:
+            if STORAGE_MARK in line:
+                inside = not inside
+                continue
+            call = line.split(" ", 1)[-1].lstrip()
+            name = call.split("(", 1)[0]
+            if not inside or call.startswith("<..."):
+                continue  # a call resumed was counted where it started
+            if name in ("open", "openat") and f'"{root}' in call and " = -1 " not in call:
+                opened += 1
+            elif name in READ_CALLS and f"<{root}" in call.split(",", 1)[0]:
+                reads += 1
+    return opened, reads
 
 
 def pipeline_settings() -> List[Tuple[int, int]]:
@@ -409,7 +477,18 @@ def write_pipeline_data(args: argparse.Namespace, data_root: str) -> Tuple[Dict[
              "photos": describe_files(write_photo_folder(folders["photos"], args.photos)),
              "real": describe_files(write_real_photo_folder(folders["real"], args.photos))}
     folders["cifar"] = write_cifar_records(os.path.join(data_root, "cifar"), CIFAR_RECORDS)
+    for name in ("photos", "real"):
+        folders[f"{name}_shards"] = write_shards(folders[name], os.path.join(data_root, f"{name}_shards"))
     return folders, files
+
+
+def write_shards(folder: str, output: str) -> str:
+    """`folder`'s class folders converted to MindRecord shards (src/data/mindrecord.py), 4 of them."""
+    from src.data.mindrecord import convert_split
+    from src.data.sources import ImageFolderSource
+    convert_split(ImageFolderSource(folder, True), output, shards=4, workers=1, overwrite=False,
+                  log=lambda line: None)
+    return output
 
 
 def write_cifar_records(folder: str, records: int) -> str:
@@ -443,6 +522,9 @@ def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
                "rows": rows}
     section["ratios"] = pipeline_ratios(rows)
     section["cores_per_card"] = cores_per_card(rows)
+    batches = max(2, 2 * args.photos // args.photo_batch)  # two epochs: the shards' reader starts once per epoch
+    section["storage_calls"] = {name: storage_calls(folders[name], batch=args.photo_batch, batches=batches)
+                                for name in ("photos", "photos_shards")}
     return section
 
 
@@ -458,8 +540,14 @@ def pipeline_ratios(rows: List[Dict]) -> List[Dict[str, float]]:
              "photos_eval": ("photos", "ours_eval", "native_eval"),
              "real_train": ("real", "ours_train", "native_train"), "real_eval": ("real", "ours_eval", "native_eval"),
              "cifar": ("cifar", "ours", "native")}
-    return [{key: round(_rate(row, case, ours) / _rate(row, case, native), 3)
-             for key, (case, ours, native) in pairs.items()} for row in rows]
+    ratios = [{key: round(_rate(row, case, ours) / _rate(row, case, native), 3)
+               for key, (case, ours, native) in pairs.items()} for row in rows]
+    for row, ratio in zip(rows, ratios):  # MindRecord shards over the class folder they were converted from
+        for name in ("photos", "real"):
+            for phase in ("train", "eval"):
+                ratio[f"{name}_shards_{phase}"] = round(_rate(row, f"{name}_shards", f"ours_{phase}") /
+                                                        _rate(row, name, f"ours_{phase}"), 3)
+    return ratios
 
 
 def cores_per_card(rows: List[Dict]) -> Dict[str, float]:
@@ -527,6 +615,26 @@ def format_pipeline_table(section: Dict) -> str:
     for row, ratio in zip(rows, ratios):
         lines.append(f"  {_setting(row):<18}{_cells(row, 'cifar', ('ours', 'v2', 'native'))}{ratio['cifar']:>8}"
                      f"{row['cifar']['ours']['main_cpu_us']:>13}")
+    lines.append(f"MindRecord shards (4, python -m src.data.mindrecord) against the class folders they hold, "
+                 f"batch {section['batch_size']}, {section['image_size']} px")
+    lines.append(f"  {'cores / workers':<18}{'gen folder':>11}{'shards':>8}{'ratio':>8}{'eval':>8}{'shards':>8}"
+                 f"{'ratio':>8}{'real folder':>13}{'shards':>8}{'ratio':>8}{'eval':>8}{'shards':>8}{'ratio':>8}")
+    for row, ratio in zip(rows, ratios):
+        lines.append(f"  {_setting(row):<18}{_cells(row, 'photos', ('ours_train',), 11)}"
+                     f"{_cells(row, 'photos_shards', ('ours_train',), 8)}{ratio['photos_shards_train']:>8}"
+                     f"{_cells(row, 'photos', ('ours_eval',), 8)}{_cells(row, 'photos_shards', ('ours_eval',), 8)}"
+                     f"{ratio['photos_shards_eval']:>8}{_cells(row, 'real', ('ours_train',), 13)}"
+                     f"{_cells(row, 'real_shards', ('ours_train',), 8)}{ratio['real_shards_train']:>8}"
+                     f"{_cells(row, 'real', ('ours_eval',), 8)}{_cells(row, 'real_shards', ('ours_eval',), 8)}"
+                     f"{ratio['real_shards_eval']:>8}")
+    calls = section["storage_calls"]
+    if calls["photos"] is None:
+        lines.append("  storage calls: strace not found (install strace to count them)")
+    else:
+        folder, shards = calls["photos"], calls["photos_shards"]
+        lines.append(f"  per 1,000 training samples (strace, one worker): class folder {folder['files_opened']} files "
+                     f"opened, {folder['read_calls']} read calls; shards {shards['files_opened']} files opened, "
+                     f"{shards['read_calls']} read calls")
     card = section["cores_per_card"]
     lines.append(f"Cores per Ascend card (ResNet50 at {card['card_img_per_s']} img/s) from the pinned row: "
                  f"{card['generated_photos']} (generated photographs), {card['real_photos']} (real), "
@@ -817,7 +925,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
     parser.add_argument("--ceiling_images", type=positive_int, default=2048,
                         help="16x16 JPEGs for the per-process ceiling of the pipelines")
-    parser.add_argument("--worker", choices=("mindspore", "torch", "pipelines") + ONNX_WORKERS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("mindspore", "torch", "pipelines", "storage") + ONNX_WORKERS,
+                        help=argparse.SUPPRESS)
     parser.add_argument("--photo_dir", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--onnx_files", help=argparse.SUPPRESS)
@@ -841,6 +950,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.worker == "pipelines":
         return serve_pipelines(args)
+    if args.worker == "storage":
+        return serve_storage(args)
     if args.worker:
         return serve(args)
     if args.vs_torch and importlib.util.find_spec("torch") is None:

@@ -1,5 +1,6 @@
 """benchmark.py in a tiny configuration writes a complete JSON report (no timing assertions)."""
 import json
+import shutil
 
 import pytest
 
@@ -57,7 +58,8 @@ def test_benchmark_writes_every_field(tmp_path):
     assert [(row["cores"], row["workers"]) for row in rows][0] == (1, 1)  # the per-core row first
     expected = {"ceiling": {"ours", "v2", "native"}, "photos": {"ours_train", "no_aa_train", "v2_train", "native_train",
                                                                  "ours_eval", "native_eval"},
-                "real": {"ours_train", "native_train", "ours_eval", "native_eval"}, "cifar": {"ours", "v2", "native"}}
+                "real": {"ours_train", "native_train", "ours_eval", "native_eval"}, "cifar": {"ours", "v2", "native"},
+                "photos_shards": {"ours_train", "ours_eval"}, "real_shards": {"ours_train", "ours_eval"}}
     for row, ratios in zip(rows, pipelines["ratios"]):
         threads = {"ours_threads"} if row["workers"] > 1 else set()
         assert {case: set(row[case]) for case in expected} == {**expected, "ceiling": expected["ceiling"] | threads}
@@ -66,6 +68,14 @@ def test_benchmark_writes_every_field(tmp_path):
                                              row["real"]["native_train"]["img_per_s"], 3)
         ceiling = row["ceiling"]
         assert ratios["ceiling_v2"] == round(ceiling["v2"]["img_per_s"] / ceiling["native"]["img_per_s"], 3)
+        assert ratios["real_shards_train"] == round(row["real_shards"]["ours_train"]["img_per_s"] /
+                                                    row["real"]["ours_train"]["img_per_s"], 3)
+    calls = pipelines["storage_calls"]
+    assert set(calls) == {"photos", "photos_shards"}
+    if shutil.which("strace"):  # Debian's strace: on this machine's image
+        assert all(calls[name][kind] > 0 for name in calls for kind in ("files_opened", "read_calls"))
+    else:
+        assert calls == {"photos": None, "photos_shards": None}
     card = pipelines["cores_per_card"]
     assert card["card_img_per_s"] == 2170
     assert card["real_photos"] == round(2170 / rows[0]["real"]["ours_train"]["img_per_s"], 1)
