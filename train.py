@@ -35,7 +35,7 @@ from src.files import remove_stale_temporaries
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule, create_thor_lr_schedule
 from src.resnet import create_model
-from src.training.board import Board, batch_figure, target_captions
+from src.training.board import Board, batch_picture, target_captions
 from src.training.callbacks import (
     CheckpointSaver,
     EvalMonitor,
@@ -499,7 +499,7 @@ def start_board(cfg: Config, board: Board, dataset, *, rank: int, group_size: in
     board.hyperparameters(cfg.to_dict(), metrics=["eval/top_1", "eval/top_5", "eval/loss", "eval/ece", "train/loss"])
     pixels, targets = first_batch(cfg, rank, group_size)
     names = class_names_for(dataset.sample_source, cfg.class_num)
-    board.figure("data/first_batch", batch_figure(pixels, target_captions(targets, names)), 0)
+    board.image("data/first_batch", batch_picture(pixels, target_captions(targets, names)), 0)
 
 
 # The first training batch's picture shows this many of its images.

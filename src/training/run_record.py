@@ -73,7 +73,8 @@ class RunRecord:
         axes[2].set(title="evaluation accuracy", xlabel="epoch", ylim=(0, 1))
         if evals:
             axes[2].legend(loc="lower right")
-        figure.tight_layout()
+        # a fixed layout: tight_layout measured the text at 0.2 s an epoch
+        figure.subplots_adjust(left=0.04, right=0.99, bottom=0.13, top=0.92, wspace=0.18)
         try:
             with atomic_target(self.png_path) as tmp:
                 figure.savefig(tmp, dpi=80, format="png")
