@@ -109,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif run:
         result = evaluate_outputs(run, dataset, group_size=group_size)
     else:
-        result = evaluate(net, dataset, num_classes=cfg.class_num, group_size=group_size)
+        result = evaluate(net, dataset, group_size=group_size)
     evaluated = {"model_file": cfg.model_file} if run else {}
     print(json.dumps({**result, "checkpoint": cfg.checkpoint_file_path or None, **evaluated,
                       "net_name": cfg.net_name, "dataset": cfg.dataset, "rank": rank}), flush=True)

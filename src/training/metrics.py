@@ -1,4 +1,5 @@
 """Evaluation: top-1/top-5 counts, mean loss and the sample count, summed over ranks."""
+import weakref
 from typing import Callable, Dict
 
 import numpy as np
@@ -6,7 +7,6 @@ from mindspore import nn
 from mindspore.train import Metric, Model
 
 from src.data.input_stage import WithInputStage
-from src.loss import create_loss
 from src.training.distributed import all_reduce_sum
 
 
@@ -54,16 +54,41 @@ def summarize(totals: np.ndarray) -> Dict[str, float]:
             "loss": loss_sum / samples, "samples": int(totals[3])}
 
 
-def evaluate_sums(net: nn.Cell, dataset, metrics: Dict[str, Metric], *, num_classes: int,
-                  group_size: int = 1) -> Dict[str, np.ndarray]:
+def evaluate_sums(net: nn.Cell, dataset, metrics: Dict[str, Metric], *, group_size: int = 1) -> Dict[str, np.ndarray]:
     """Run `metrics` (each one's eval() a vector of sums) over this rank's shard of `dataset` in
     one pass; with several ranks, the vectors are summed over all shards (one allreduce), so every
     rank returns the sums of the whole split."""
     net.set_train(False)
     normalization = getattr(dataset, "normalization", None)  # create_dataset's uint8 batches
-    network = WithInputStage(net, normalization) if normalization is not None else net
-    model = Model(network, loss_fn=create_loss(num_classes=num_classes), metrics=metrics)
+    cell = eval_cell(net, normalization)
+    model = Model(cell, eval_network=cell, metrics=metrics)
     return sum_over_ranks(model.eval(dataset, dataset_sink_mode=False), group_size)
+
+
+class _LogitsAndLabels(nn.Cell):
+    """The evaluation network: the logits (the metrics compute their own loss) and the labels."""
+
+    def __init__(self, net: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.net = net
+
+    def construct(self, images, labels):
+        return self.net(images), labels
+
+
+# One evaluation cell per network and normalization for the network's life: MindSpore compiles a
+# graph per cell object, so a new cell for every evaluation compiled its graphs (both batch shapes)
+# again each epoch.
+_EVAL_CELLS: "weakref.WeakKeyDictionary[nn.Cell, Dict]" = weakref.WeakKeyDictionary()
+
+
+def eval_cell(net: nn.Cell, normalization) -> nn.Cell:
+    """`net` (after the input stage for uint8 batches) as evaluation runs it, built once."""
+    cells = _EVAL_CELLS.setdefault(net, {})
+    if normalization not in cells:
+        cells[normalization] = _LogitsAndLabels(WithInputStage(net, normalization) if normalization is not None
+                                                else net)
+    return cells[normalization]
 
 
 def predictor_sums(run: Callable[[np.ndarray], np.ndarray], dataset, metrics: Dict[str, Metric], *,
@@ -88,11 +113,10 @@ def sum_over_ranks(sums: Dict[str, np.ndarray], group_size: int) -> Dict[str, np
     return dict(zip(names, np.split(joined, np.cumsum([np.size(sums[name]) for name in names])[:-1])))
 
 
-def evaluate(net: nn.Cell, dataset, *, num_classes: int, group_size: int = 1) -> Dict[str, float]:
+def evaluate(net: nn.Cell, dataset, *, group_size: int = 1) -> Dict[str, float]:
     """Evaluate `net` over this rank's shard of `dataset`; with several ranks, the counts of all
     shards are summed so every rank returns the same numbers for the whole split."""
-    return summarize(evaluate_sums(net, dataset, {"counts": ClassificationCounts()}, num_classes=num_classes,
-                                   group_size=group_size)["counts"])
+    return summarize(evaluate_sums(net, dataset, {"counts": ClassificationCounts()}, group_size=group_size)["counts"])
 
 
 def evaluate_outputs(run: Callable[[np.ndarray], np.ndarray], dataset, *, group_size: int = 1) -> Dict[str, float]:

@@ -153,7 +153,7 @@ def evaluate_with_report(net: Optional[nn.Cell], dataset, *, num_classes: int, g
     if run is not None:
         sums = predictor_sums(run, dataset, metrics, group_size=group_size)
     else:
-        sums = evaluate_sums(net, dataset, metrics, num_classes=num_classes, group_size=group_size)
+        sums = evaluate_sums(net, dataset, metrics, group_size=group_size)
     report = EvalReport.from_sums(sums["report"], num_classes, total)
     return {**summarize(sums["counts"]), "ece": report.ece()}, report
 
