@@ -432,8 +432,8 @@ def storage_calls(path: str, *, batch: int, batches: int) -> Optional[Dict[str, 
         return None
     with tempfile.TemporaryDirectory(prefix="storage-calls-") as folder:
         log = os.path.join(folder, "calls.log")
-        command = ["strace", "-f", "-y", "-qq", "-e", f"trace={STORAGE_CALLS}", "-o", log, sys.executable,
-                   os.path.abspath(__file__), "--worker", "storage", "--photo_dir", path,
+        command = ["strace", "-f", "--seccomp-bpf", "-y", "-qq", "-e", f"trace={STORAGE_CALLS}", "-o", log,
+                   sys.executable, os.path.abspath(__file__), "--worker", "storage", "--photo_dir", path,
                    "--photo_batch", str(batch), "--steps", str(batches)]
         reply = _reply_of(subprocess.run(command, stdout=subprocess.PIPE, text=True,
                                          cwd=os.path.dirname(os.path.abspath(__file__))), "storage")
