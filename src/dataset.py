@@ -1,4 +1,5 @@
-"""One dataset factory for CIFAR-10 binary files and ImageNet-style class folders.
+"""One dataset factory for CIFAR-10 binary files, ImageNet-style class folders, and the MindRecord
+shards converted from either (python -m src.data.mindrecord), which give the very same batches.
 
 Data workers build whole batches of uint8 RGB pixels (one hand-over per batch, 4x fewer bytes than
 float32); the network's first cell normalizes them and applies erasing and mixing
@@ -10,8 +11,8 @@ epoch k sees exactly the data an uninterrupted run would, whatever the number or
 Eval shards split the samples exactly (nothing dropped or repeated); training shards are
 equal-sized slices of the epoch's permutation.
 
-This module composes what src/data/ holds: the sources (sources.py), the per-sample transforms
-(transforms.py), the samplers (sampling.py) and the batch assembly (batches.py).
+This module composes what src/data/ holds: the sources (sources.py, shards.py), the per-sample
+transforms (transforms.py), the samplers (sampling.py) and the batch assembly (batches.py).
 """
 from typing import Optional
 
