@@ -6,7 +6,7 @@ usage: bash scripts/run_distribute_train.sh [RANK_TABLE_FILE] DATASET_PATH CONFI
        bash scripts/run_distribute_train.sh [RANK_TABLE_FILE] DATASET_PATH CONFIG_PATH RUN_EVAL EVAL_DATASET_PATH [RESUME_CKPT] ...
 
   RANK_TABLE_FILE   optional .json rank table (older Ascend set-ups); without it msrun launches the ranks
-  DATASET_PATH      CIFAR-10 binary folder or a folder of class folders
+  DATASET_PATH      CIFAR-10 binary folder, a folder of class folders, or their MindRecord shards
   CONFIG_PATH       a yaml file from config/, or one of the model zoo's config files
   RESUME_CKPT       optional: continue from this train.py checkpoint (--resume_ckpt)
   RUN_EVAL EVAL_DATASET_PATH  optional: evaluate during training on this data (the model zoo's form)

@@ -4,7 +4,7 @@ usage() {
     cat <<USAGE
 usage: bash scripts/run_eval.sh [DATASET_PATH] [CHECKPOINT_PATH] [CONFIG_PATH] [--KEY VALUE ...]
 
-  DATASET_PATH     CIFAR-10 binary folder or a folder of class folders (val/ is used if present)
+  DATASET_PATH     CIFAR-10 binary folder, a folder of class folders or their MindRecord shards (val/ is used if present)
   CHECKPOINT_PATH  a .ckpt written by train.py, or a model-zoo ResNet checkpoint
   CONFIG_PATH      the yaml the checkpoint was trained with (default: config/resnet50_cifar10.yaml),
                    also one of the model zoo's config files

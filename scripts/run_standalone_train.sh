@@ -5,7 +5,7 @@ usage() {
 usage: bash scripts/run_standalone_train.sh [DATASET_PATH] [CONFIG_PATH] [RESUME_CKPT] [--KEY VALUE ...]
        bash scripts/run_standalone_train.sh [DATASET_PATH] [CONFIG_PATH] [RUN_EVAL EVAL_DATASET_PATH [RESUME_CKPT]] ...
 
-  DATASET_PATH  CIFAR-10 binary folder (cifar-10-batches-bin) or a folder of class folders
+  DATASET_PATH  CIFAR-10 binary folder (cifar-10-batches-bin), a folder of class folders, or their MindRecord shards
   CONFIG_PATH   a yaml file from config/ (default: config/resnet50_cifar10.yaml) or a model-zoo config file
   RESUME_CKPT   optional: continue from this train.py checkpoint (--resume_ckpt)
   RUN_EVAL EVAL_DATASET_PATH  optional: evaluate during training on this data (the model zoo's form)
