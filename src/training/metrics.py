@@ -1,5 +1,4 @@
 """Evaluation: top-1/top-5 counts, mean loss and the sample count, summed over ranks."""
-import weakref
 from typing import Callable, Dict
 
 import numpy as np
@@ -76,15 +75,18 @@ class _LogitsAndLabels(nn.Cell):
         return self.net(images), labels
 
 
-# One evaluation cell per network and normalization for the network's life: MindSpore compiles a
-# graph per cell object, so a new cell for every evaluation compiled its graphs (both batch shapes)
-# again each epoch.
-_EVAL_CELLS: "weakref.WeakKeyDictionary[nn.Cell, Dict]" = weakref.WeakKeyDictionary()
+EVAL_CELLS = "_evaluation_cells"  # where a network keeps its evaluation cells
 
 
 def eval_cell(net: nn.Cell, normalization) -> nn.Cell:
-    """`net` (after the input stage for uint8 batches) as evaluation runs it, built once."""
-    cells = _EVAL_CELLS.setdefault(net, {})
+    """`net` (after the input stage for uint8 batches) as evaluation runs it, built once per
+    network and normalization: MindSpore compiles a graph per cell object, so a new cell for every
+    evaluation compiled its graphs (both batch shapes) again each epoch. The cells live on the
+    network (set past Cell's attribute hook, so they are no sub-cells of it) and go with it."""
+    cells = net.__dict__.get(EVAL_CELLS)
+    if cells is None:
+        cells = {}
+        object.__setattr__(net, EVAL_CELLS, cells)
     if normalization not in cells:
         cells[normalization] = _LogitsAndLabels(WithInputStage(net, normalization) if normalization is not None
                                                 else net)
