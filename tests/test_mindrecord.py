@@ -17,10 +17,12 @@ from mindspore.mindrecord import FileWriter
 
 from conftest import PYTHON, REPO, run
 from src.data.bad_samples import scan_unreadable
+from src.data.mindrecord import prepare_partial
 from src.data.recipe import Augmentation
 from src.data.shards import CLASS_LIST, MANIFEST, MindRecordSource, read_header, records_in
 from src.dataset import create_dataset, create_source
 from src.errors import UserInputError, user_error_message
+from test_faults import small_disk
 
 V2 = Augmentation(auto_augment="ta_wide", random_erase=0.25, mixup_alpha=0.2, cutmix_alpha=1.0, ra_reps=2)
 SIZES = {"cifar10": 32, "imagenet2012": 40}
@@ -131,6 +133,23 @@ def test_converter_bad_input_is_one_line_and_writes_nothing(sample_root, tmp_pat
     assert result.returncode == 2 and "is no finished conversion" in result.stderr.strip().splitlines()[-1]
     assert [p.name for p in occupied.iterdir()] == ["notes.txt"] and not (tmp_path / "occupied.partial").exists()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_finished_conversion(sample_root, tmp_path):
+    with small_disk(tmp_path / "disk", 1) as disk:  # the sample's 200 JPEGs take about 1 MB
+        result = convert(sample_root / "imagenet" / "train", disk / "train", "--shards", "2", "--workers", "1")
+        assert result.returncode == 2
+        line = result.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: cannot write shard {disk / 'train.partial'}") and "free space" in line
+        assert not (disk / "train").exists()
+
+
+def test_a_half_written_done_marker_is_not_taken_for_a_done_shard(tmp_path):
+    plan = {"records": 4, "shards": 2, "kind": "encoded", "fingerprint": "f"}
+    assert prepare_partial(str(tmp_path / "p"), plan) == []
+    (tmp_path / "p" / "part-00000-of-00002.mindrecord.done").write_text('{"file": "part-0')
+    assert prepare_partial(str(tmp_path / "p"), plan) == []
+    assert (tmp_path / "p" / "plan.json").exists()  # the same plan: kept, not started over
 
 
 # ---------------------------------------------------------------- the same batches as the folders

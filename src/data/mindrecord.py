@@ -34,6 +34,7 @@ from src.data.shards import (
     PIXELS,
     SCHEMA,
     SCHEMA_NAME,
+    mindspore_reason,
     read_header,
     read_manifest,
     records_in,
@@ -41,6 +42,7 @@ from src.data.shards import (
 )
 from src.data.sources import CifarBinarySource, ImageFolderSource
 from src.errors import OneLineParser, UserInputError, run_cli
+from src.files import remove_stale_temporaries, write_atomic
 
 SHARD_BYTES = 256 << 20  # default shard size: large sequential reads, a few hundred files for ImageNet
 ROWS_PER_WRITE = 256
@@ -99,12 +101,12 @@ def default_shards(source) -> int:
 
 
 def fingerprint(source) -> str:
-    """What identifies the source's records (their order, names and labels), for resuming."""
+    """What identifies the source's records (their order, labels, and names or pixels), for resuming."""
     digest = hashlib.sha256(np.ascontiguousarray(source.labels).tobytes())
-    for index in range(len(source)) if kind_of(source) == ENCODED else ():
-        digest.update(record_path(source, index).encode() + b"\0")
     if kind_of(source) == PIXELS:
         digest.update(source.images.tobytes())
+    else:
+        digest.update("\0".join(os.path.relpath(path, source.root) for path in source.paths).encode())
     return digest.hexdigest()
 
 
@@ -121,26 +123,31 @@ def write_shard(task: Tuple[str, int, int, int, int]) -> Dict:
     folder, shard, count, start, end = task
     source = _SOURCE[0]
     path = os.path.join(folder, shard_name(shard, count))
-    writer = FileWriter(path, shard_num=1, overwrite=True)
-    writer.add_schema(SCHEMA, SCHEMA_NAME)
-    writer.add_index(["index", "label"])
-    for first in range(start, end, ROWS_PER_WRITE):
-        writer.write_raw_data([{"index": index, "label": int(source.labels[index]),
-                                "path": record_path(source, index), "image": image_bytes(source, index)}
-                               for index in range(first, min(first + ROWS_PER_WRITE, end))])
-    writer.commit()
+    try:
+        writer = FileWriter(path, shard_num=1, overwrite=True)
+        writer.add_schema(SCHEMA, SCHEMA_NAME)
+        writer.add_index(["index", "label"])
+        for first in range(start, end, ROWS_PER_WRITE):
+            writer.write_raw_data([{"index": index, "label": int(source.labels[index]),
+                                    "path": record_path(source, index), "image": image_bytes(source, index)}
+                                   for index in range(first, min(first + ROWS_PER_WRITE, end))])
+        writer.commit()
+    except (OSError, RuntimeError) as err:  # MindSpore's writer reports a full disk as a RuntimeError
+        raise UserInputError(f"cannot write shard {path} ({mindspore_reason(err)}); free space or fix "
+                             f"permissions, then run the same command again (the shards already done are kept)"
+                             ) from None
     check_shard(path, start, end, source.labels)
     entry = {"file": os.path.basename(path), "records": end - start, "bytes": os.path.getsize(path)}
-    with open(path + DONE, "w") as stream:
-        json.dump(entry, stream)
+    write_atomic(path + DONE, json.dumps(entry))  # a kill leaves no half-written marker
     return entry
 
 
 def check_shard(path: str, start: int, end: int, labels: np.ndarray) -> None:
     """The shard holds records start..end-1 in order, with the source's labels."""
-    if records_in(read_header(path)) != end - start:
-        raise UserInputError(f"{path} holds {records_in(read_header(path))} records, {end - start} were written; "
-                             f"check the free space and run the conversion again")
+    held = records_in(read_header(path))
+    if held != end - start:
+        raise UserInputError(f"{path} holds {held} records, {end - start} were written; check the free space "
+                             f"and run the conversion again")
     data = ds.MindDataset(path, columns_list=["index", "label"], shuffle=False, num_parallel_workers=1)
     rows = np.array([(int(i), int(y)) for i, y in data.create_tuple_iterator(num_epochs=1, output_numpy=True)],
                     np.int64).reshape(-1, 2)
@@ -153,26 +160,26 @@ def prepare_partial(partial: str, plan: Dict) -> List[Dict]:
     """The shards already done in `partial` for this plan (an interrupted run's); anything else
     there, from another plan or half-written, is removed."""
     plan_file = os.path.join(partial, PLAN)
-    try:
-        with open(plan_file) as stream:
-            same = json.load(stream) == plan
-    except (OSError, ValueError):
-        same = False
-    if not same:
+    if _read_json(plan_file) != plan:
         shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-        with open(plan_file, "w") as stream:
-            json.dump(plan, stream)
+        write_atomic(plan_file, json.dumps(plan))
         return []
+    remove_stale_temporaries(partial)
     done = []
     for name in sorted(os.listdir(partial)):
-        if name.endswith(DONE):
-            with open(os.path.join(partial, name)) as stream:
-                entry = json.load(stream)
-            shard = os.path.join(partial, entry["file"])
-            if os.path.isfile(shard + ".db") and os.path.getsize(shard) == entry["bytes"]:
-                done.append(entry)
+        entry = _read_json(os.path.join(partial, name)) if name.endswith(DONE) else None
+        shard = os.path.join(partial, entry["file"]) if entry else ""
+        if entry and os.path.isfile(shard + ".db") and os.path.getsize(shard) == entry["bytes"]:
+            done.append(entry)
     return done
+
+
+def _read_json(path: str) -> Optional[Dict]:
+    try:
+        with open(path) as stream:
+            return json.load(stream)
+    except (OSError, ValueError):
+        return None
 
 
 def convert_split(source, output: str, *, shards: Optional[int], workers: int, overwrite: bool,

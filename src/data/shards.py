@@ -117,7 +117,7 @@ class MindRecordSource:
         """A record's image as the transforms take it: an opened image, or HWC uint8 pixels."""
         if self.kind == PIXELS:
             return np.frombuffer(data, np.uint8).reshape(self.pixel_shape)
-        return image_from_bytes(data, self.name(index))
+        return image_from_bytes(data, f"record {index}")  # the caller's error names its shard
 
     def read(self, indices: np.ndarray, workers: int = READ_WORKERS) -> Iterator[Tuple[int, bytes]]:
         """(index, image bytes) of each of `indices`, in that order, read by MindSpore's C++ reader."""
@@ -129,7 +129,7 @@ class MindRecordSource:
                 for index, image in data.create_tuple_iterator(num_epochs=1, output_numpy=True):
                     yield int(index), image.tobytes()
         except RuntimeError as err:
-            raise UserInputError(f"cannot read the MindRecord shards in {self.root} ({_first_line(err)}); "
+            raise UserInputError(f"cannot read the MindRecord shards in {self.root} ({mindspore_reason(err)}); "
                                  f"{RECONVERT}") from None
 
     def load(self, index: int):
@@ -158,7 +158,8 @@ class MindRecordSource:
         return {**self.__dict__, "_paths": None, "_cursor": None, "_cursor_next": None}
 
 
-def _first_line(err: BaseException) -> str:
+def mindspore_reason(err: BaseException) -> str:
+    """The line of a MindSpore error that says what went wrong (its text is a report of many lines)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip() and not line.startswith("-")]
     return next((line for line in lines if "ERROR" in line or "Invalid" in line), lines[0] if lines else "")
 
@@ -168,11 +169,12 @@ def read_manifest(folder: str) -> Dict:
     `.db` present, each as long as written, each header this repository's schema."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
-        foreign = [name for name in sorted(os.listdir(folder)) if read_header(os.path.join(folder, name))]
-        if foreign and schema_of(read_header(os.path.join(folder, foreign[0]))) != SCHEMA:
-            raise UserInputError(f"{os.path.join(folder, foreign[0])} is MindRecord with another tool's schema "
-                                 f"(fields {sorted(schema_of(read_header(os.path.join(folder, foreign[0]))))}); "
-                                 f"convert the source images with python -m src.data.mindrecord")
+        for name in sorted(os.listdir(folder)):
+            fields = schema_of(read_header(os.path.join(folder, name)))
+            if fields and fields != SCHEMA:
+                raise UserInputError(f"{os.path.join(folder, name)} is MindRecord with another tool's schema "
+                                     f"(fields {sorted(fields)}); convert the source images with "
+                                     f"python -m src.data.mindrecord")
         raise UserInputError(f"{folder} holds MindRecord shards but no {MANIFEST}: the conversion did not "
                              f"finish; run python -m src.data.mindrecord again")
     try:
