@@ -54,16 +54,20 @@ def conv2d(in_channels: int, out_channels: int, kernel_size: int, stride: int = 
                      padding=kernel_size // 2, has_bias=False, group=groups)
 
 
-class ZeroBorder(nn.Cell):
-    """Adds one row and one column of zeros on each side of an NCHW tensor.
+class Border(nn.Cell):
+    """Adds one row and one column of `value` on each side of an NCHW tensor.
 
     Built from concatenations: MindSpore's CPU Pad kernel took 8-14x as long for the same
     result (e.g. 120 ms against 9 ms for an 8x64x112x112 tensor), 5% of a ResNet18 b64@32 step."""
 
+    def __init__(self, value: float):
+        super().__init__()
+        self.value = value
+
     def construct(self, x):
-        rows = ops.zeros_like(x[:, :, :1, :])
+        rows = ops.full_like(x[:, :, :1, :], self.value)
         x = ops.concat((rows, x, rows), 2)
-        columns = ops.zeros_like(x[:, :, :, :1])
+        columns = ops.full_like(x[:, :, :, :1], self.value)
         return ops.concat((columns, x, columns), 3)
 
 
@@ -165,9 +169,12 @@ class ResNet(Classifier):
         self.conv1 = conv2d(3, 64, 7, stride=2)
         self.bn1 = batch_norm(64)
         self.relu = nn.ReLU()
-        # Zero padding equals torchvision's -inf padding here: the input is post-ReLU (>= 0).
-        # (MaxPool2d's own padding lowers to MaxPool3DWithArgmax, which ONNX export lacks.)
-        self.maxpool = nn.SequentialCell([ZeroBorder(), nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="valid")])
+        # A border of -1 acts as torchvision's -inf padding: the input is post-ReLU (>= 0), so the
+        # border never wins a window, forward or backward. (A zero border computed the same forward
+        # pass but took the gradient of windows whose maximum is 0, which PyTorch gives to the first
+        # real 0: train_parity.py found it. MaxPool2d's own padding lowers to MaxPool3DWithArgmax,
+        # which ONNX export lacks; a finite value keeps int8 calibration ranges finite.)
+        self.maxpool = nn.SequentialCell([Border(-1.0), nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="valid")])
         self.layer1 = self._make_layer(block, 64, layers[0], stride=1)
         self.layer2 = self._make_layer(block, 128, layers[1], stride=2)
         self.layer3 = self._make_layer(block, 256, layers[2], stride=2)

@@ -1,10 +1,12 @@
 """src/resnet.py: torchvision-compatible ResNet structure, names, sizes, init and padding."""
+import mindspore as ms
 import numpy as np
 import pytest
+import torch
 from mindspore import Tensor
 
 from src.errors import UserInputError
-from src.resnet import ARCHS, CONV_INITS, DENSE_INITS, create_model
+from src.resnet import ARCHS, CONV_INITS, DENSE_INITS, Border, create_model
 
 BN_FIELDS = ("gamma", "beta", "moving_mean", "moving_variance")
 _MODELS = {}
@@ -237,6 +239,21 @@ def test_stem_max_pool_pads_one_pixel_on_every_side():
     net = model("resnet18", num_classes=10)
     x = np.random.default_rng(2).random((2, 3, 6, 7)).astype(np.float32)  # post-ReLU: >= 0
     bordered = net.maxpool[0](Tensor(x)).asnumpy()
-    np.testing.assert_array_equal(bordered, np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))))
+    np.testing.assert_array_equal(bordered, np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-1.0))
     # torchvision's MaxPool2d(3, 2, padding=1) output size on a 6x7 input
     assert net.maxpool(Tensor(x)).shape == (2, 3, 3, 4)
+
+
+def test_stem_pool_sends_gradients_where_pytorchs_does():
+    """The defect train_parity.py found: with a zero border, windows whose maximum is 0 (ReLU's
+    floor) gave their gradient to the border; PyTorch gives it to the first real 0."""
+    rng = np.random.default_rng(0)
+    x = np.maximum(rng.standard_normal((2, 4, 12, 12)), 0).astype(np.float32)
+    grad_out = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    pool = model("resnet18", num_classes=10).maxpool
+    assert isinstance(pool[0], Border)
+    ms_grad = ms.grad(lambda inputs: (pool(inputs) * Tensor(grad_out)).sum())(Tensor(x)).asnumpy()
+    inputs = torch.from_numpy(x).requires_grad_(True)
+    (torch.nn.MaxPool2d(3, 2, 1)(inputs) * torch.from_numpy(grad_out)).sum().backward()
+    assert np.abs(inputs.grad.numpy() - ms_grad).max() < 1e-6
+    assert (x == 0).mean() > 0.4  # the case: many zeros

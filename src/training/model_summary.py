@@ -9,7 +9,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 from mindspore import nn
 
-from src.resnet import Classifier, ZeroBorder
+from src.resnet import Border, Classifier
 
 # A training step costs about three forward passes: the forward, and twice its work backward
 # (gradients of the inputs and of the weights).
@@ -54,7 +54,7 @@ def trace_macs(cells: Iterable[nn.Cell], height: int, width: int) -> Tuple[int, 
             total += macs
         elif isinstance(cell, nn.MaxPool2d):
             height, width = pool_size(cell, height, width)
-        elif isinstance(cell, ZeroBorder):
+        elif isinstance(cell, Border):
             height, width = height + 2, width + 2
         elif isinstance(cell, nn.Dense):
             total += cell.in_channels * cell.out_channels
