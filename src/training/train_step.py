@@ -141,6 +141,8 @@ class TrainStep(nn.Cell):
         else:
             self.scale_sense = Tensor(loss_scale, ms.float32)
         self.accumulation_steps = accumulation_steps
+        if accumulation_steps > 1:
+            self.scaled_value_and_grad = ms.value_and_grad(self.scaled_loss, None, self.weights, has_aux=True)
         self.micro_batch = micro_batch
         self.clip = clip_grad_norm > 0
         self.clip_grad_norm = Tensor(clip_grad_norm, ms.float32)
@@ -165,14 +167,26 @@ class TrainStep(nn.Cell):
             return loss, self.grad(self.network, self.weights)(images, labels, sens)
         image_parts = ops.split(images, self.micro_batch, 0)
         label_parts = ops.split(labels, self.micro_batch, 0)
-        loss = self.network(image_parts[0], label_parts[0])
-        grads = self.grad(self.network, self.weights)(image_parts[0], label_parts[0], sens)
+        loss, grads = self.micro_batch_gradients(image_parts[0], label_parts[0], sens)
         for i in range(1, self.accumulation_steps):
-            loss = loss + self.network(image_parts[i], label_parts[i])
-            grads = self.hyper_map(_add, grads, self.grad(self.network, self.weights)(image_parts[i], label_parts[i],
-                                                                                       sens))
+            part_loss, part_grads = self.micro_batch_gradients(image_parts[i], label_parts[i], sens)
+            loss = loss + part_loss
+            grads = self.hyper_map(_add, grads, part_grads)
         steps = Tensor(self.accumulation_steps, ms.float32)
         return loss / steps, self.hyper_map(ops.partial(_scale, 1 / steps), grads)
+
+    def micro_batch_gradients(self, images, labels, sens):
+        """One forward and backward of a micro-batch: its loss and its gradients times `sens`.
+
+        One pass, not a forward for the loss and another inside the gradient: in GRAPH mode the
+        two were not merged across the micro-batch loop, so every micro-batch moved the BatchNorm
+        statistics twice (train_parity.py found it)."""
+        (_, loss), grads = self.scaled_value_and_grad(images, labels, sens)
+        return loss, grads
+
+    def scaled_loss(self, images, labels, sens):
+        loss = self.network(images, labels)
+        return loss * ops.cast(sens, loss.dtype), loss
 
     def clip_by_global_norm(self, grads):
         """Scale all gradients by min(1, clip / (norm + 1e-6)), norm over all of them (as torch does);
