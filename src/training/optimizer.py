@@ -44,24 +44,45 @@ def _decoupled_decay_tensor(lr, weight_decay, weight):
     return ops.assign(weight, weight - lr * weight_decay * weight)
 
 
+_adam_step = ops.MultitypeFuncGraph("adam_step")
+
+
+@_adam_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                     "Tensor")
+def _adam_step_tensor(lr, beta1, beta2, eps, correction1, correction2, weight, moment1, moment2, grad):
+    """torch's Adam step: w -= lr * m_hat / (sqrt(v_hat) + eps), both moments bias-corrected."""
+    m = ops.assign(moment1, moment1 * beta1 + grad * (1 - beta1))
+    v = ops.assign(moment2, moment2 * beta2 + ops.square(grad) * (1 - beta2))
+    step = lr * (m / correction1) / (ops.sqrt(v / correction2) + eps)
+    return ops.assign(weight, weight - ops.cast(step, weight.dtype))
+
+
 class AdamW(nn.Cell):
-    """torch's AdamW: each weight shrinks by lr x its group's decay, then a bias-corrected Adam step
-    (built without decay) moves it by the gradient alone. (MindSpore's AdamWeightDecay has no bias
-    correction, which makes its first steps about 3x larger.)"""
+    """torch's AdamW: each weight shrinks by lr x its group's decay, then torch's bias-corrected Adam
+    step moves it by the gradient alone. The state (moment1/2, beta powers, step) is that of an
+    nn.Adam built without decay, so checkpoints keep their names; the step is computed here because
+    nn.Adam adds eps before its bias correction (torch after it), which made its steps up to 30x
+    smaller where gradients are tiny (train_parity.py found it). (MindSpore's AdamWeightDecay has no
+    bias correction at all.)"""
 
     def __init__(self, adam: nn.Adam, *, weight_decays):
         super().__init__(auto_prefix=False)
         self.optimizer = adam
         self.parameters = adam.parameters
         self.weight_decays = tuple(weight_decays)
-        self.dynamic_lr = adam.dynamic_lr
         self.hyper_map = ops.HyperMap()
 
     def construct(self, grads):
         adam = self.optimizer
-        lr = adam.learning_rate(adam.global_step).reshape(()) if self.dynamic_lr else adam.learning_rate
+        grads = adam.scale_grad(grads)
+        lr = adam.get_lr()
+        step = ops.assign_add(adam.global_step, adam.global_step_increase_tensor)
+        beta1_power = ops.assign(adam.beta1_power, adam.beta1_power * adam.beta1)
+        beta2_power = ops.assign(adam.beta2_power, adam.beta2_power * adam.beta2)
         decayed = self.hyper_map(ops.partial(_decoupled_decay, lr), self.weight_decays, self.parameters)
-        return adam(ops.depend(grads, decayed))
+        grads = ops.depend(grads, (decayed, step))
+        return self.hyper_map(ops.partial(_adam_step, lr, adam.beta1, adam.beta2, adam.eps, 1 - beta1_power,
+                                          1 - beta2_power), self.parameters, adam.moment1, adam.moment2, grads)
 
 
 class LARS(nn.Cell):
