@@ -79,7 +79,7 @@ from src.training.report import class_names_for, evaluate_with_report, save_repo
 from src.training.run_record import RunRecord
 from src.training.step_time import StepClock, input_bound_hints
 from src.training.thor import THOR, check_thor, create_thor_model
-from src.training.train_step import NetWithLoss, TrainStep, check_ema_decay, ema_schedule
+from src.training.train_step import EmaSchedule, NetWithLoss, TrainStep, check_ema_decay, ema_schedule
 
 BOOST_MODES = ("O0", "O1", "O2")
 
@@ -265,8 +265,19 @@ def check_step_keys(cfg: Config) -> None:
 
 
 def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: int, group_size: int) -> Model:
-    """The training step around `net` (the input stage, loss, mixed precision, loss scaling,
-    accumulation, clipping, optimizer, EMA), run by a Model."""
+    """The training step around `net`, run by a Model."""
+    ema = ema_schedule(decay=cfg.model_ema_decay, every=cfg.model_ema_steps, world_size=group_size,
+                       batch_size=cfg.batch_size, accumulation_steps=cfg.grad_accumulation_steps,
+                       epochs=cfg.epoch_size, warmup_epochs=int(cfg.warmup_epochs),
+                       steps_per_epoch=steps_per_epoch) if cfg.model_ema else None
+    input_stage = create_train_input_stage(cfg.dataset, data_recipe(cfg), cfg.class_num)
+    step = create_train_step(cfg, net, lrs, ema=ema, input_stage=input_stage)
+    return Model(step, boost_level=check_boost_mode(cfg.boost_mode))
+
+
+def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSchedule], input_stage) -> TrainStep:
+    """The training step around `net`: the input stage, loss, mixed precision, loss scaling,
+    accumulation, clipping, optimizer and the EMA `ema` (None: off)."""
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
     loss = create_loss(num_classes=cfg.class_num,
@@ -275,18 +286,12 @@ def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: in
                                  momentum=cfg.momentum, norm_weight_decay=cfg.norm_weight_decay,
                                  bias_weight_decay=cfg.bias_weight_decay, use_nesterov=cfg.use_nesterov,
                                  lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
-    ema = ema_schedule(decay=cfg.model_ema_decay, every=cfg.model_ema_steps, world_size=group_size,
-                       batch_size=cfg.batch_size, accumulation_steps=cfg.grad_accumulation_steps,
-                       epochs=cfg.epoch_size, warmup_epochs=int(cfg.warmup_epochs),
-                       steps_per_epoch=steps_per_epoch) if cfg.model_ema else None
-    input_stage = create_train_input_stage(cfg.dataset, data_recipe(cfg), cfg.class_num)
-    step = TrainStep(NetWithLoss(mixed_precision_network(net, amp_level), loss), optimizer, net=net,
+    return TrainStep(NetWithLoss(mixed_precision_network(net, amp_level), loss), optimizer, net=net,
                      input_stage=input_stage,
                      loss_scale=loss_scale_manager.get_loss_scale() if loss_scale_manager else 1.0,
                      scale_update=loss_scale_manager.get_update_cell() if loss_scale_manager else None,
                      accumulation_steps=cfg.grad_accumulation_steps, micro_batch=cfg.batch_size,
                      clip_grad_norm=cfg.clip_grad_norm, ema=ema)
-    return Model(step, boost_level=check_boost_mode(cfg.boost_mode))
 
 
 def check_boost_mode(boost_mode: str) -> str:

@@ -1,8 +1,9 @@
 """The input stage's arithmetic in numpy (no MindSpore): dataset statistics, normalization of
-uint8 NHWC pixels to float32 NCHW, and the batch mixing that `mix` columns describe. The graph's
-cells (src/data/input_stage.py) compute the same; exported float models and tests use these."""
+uint8 NHWC pixels to float32 NCHW, erasing and the batch mixing that `erase` and `mix` columns
+describe. The graph's cells (src/data/input_stage.py) compute the same; exported float models,
+the PyTorch side of the training-parity tool and tests use these."""
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -45,3 +46,25 @@ def host_mix(images: np.ndarray, targets: np.ndarray, mix: np.ndarray) -> Tuple[
     mixed = images * image_self + partner * image_partner
     mixed[:, :, top:bottom, left:right] = partner[:, :, top:bottom, left:right]
     return mixed, targets * target_self + np.roll(targets, 1, axis=0) * target_partner
+
+
+def host_erase(images: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Zero each normalized image inside its erase box (top, left, height, width; empty: none)."""
+    erased = images.copy()
+    for image, (top, left, height, width) in zip(erased, boxes.astype(np.int64)):
+        image[:, top:top + height, left:left + width] = 0.0
+    return erased
+
+
+def host_input_stage(images: np.ndarray, labels: np.ndarray, erase: Optional[np.ndarray], mix: Optional[np.ndarray],
+                     *, normalization: Normalization, num_classes: int, mixes: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """A training batch's columns -> (float32 NCHW images, labels): what `TrainInputStage` computes.
+    Labels stay int classes unless the recipe `mixes`; then they are float32 soft targets [B, K]."""
+    inputs = host_normalize(images, normalization)
+    if erase is None:
+        return inputs, labels
+    inputs = host_erase(inputs, erase)
+    if not mixes:
+        return inputs, labels
+    targets = np.eye(num_classes, dtype=np.float32)[labels.astype(np.int64)]
+    return host_mix(inputs, targets, mix)

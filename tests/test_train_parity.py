@@ -1,0 +1,216 @@
+"""Training parity with PyTorch (train_parity.py): runs that agree, planted differences found and
+named, the non-finite finder, bad input; and the pieces both sides share."""
+import csv
+import json
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+import torch
+from mindspore import Tensor
+
+from conftest import PYTHON, run
+from src.data.host_stage import Normalization, host_input_stage
+from src.data.input_stage import TrainInputStage
+from src.migration import torch_resnet
+from src.migration.torch_training import EmaPlan, TorchRecipe, torch_param_groups
+from src.resnet import create_model
+from src.training.optimizer import param_groups
+from src.training.train_step import EmaSchedule
+
+pytestmark = pytest.mark.slow
+TOOL = [PYTHON, "train_parity.py"]
+SMALL = ["--config_path", "config/resnet18_cifar10.yaml", "--device_target", "CPU", "--train_image_size", "32",
+         "--batch_size", "8", "--num_parallel_workers", "1", "--lr_max", "0.01", "--warmup_epochs", "1",
+         "--epoch_size", "3"]
+PLANTED = '''
+from src.migration import torch_resnet
+
+
+def resnet18_planted(num_classes=1000):
+    """Two wrong definitions: an epsilon in one BatchNorm, a momentum in another."""
+    model = torch_resnet.resnet18(num_classes)
+    model.layer2[0].bn1.eps = 1e-2
+    model.layer3[1].bn2.momentum = 0.5
+    return model
+
+
+def resnext_reflect(num_classes=1000):
+    """One 3x3 grouped convolution that pads by reflection instead of zeros."""
+    model = torch_resnet.resnext50_32x4d(num_classes)
+    model.layer2[0].conv2.padding_mode = "reflect"
+    return model
+'''
+
+
+def parity(cifar_dir: Path, out: Path, *extra: str, env=None):
+    result = run(TOOL + SMALL + ["--data_path", str(cifar_dir), "--output_dir", str(out)] + list(extra),
+                 env=env)
+    return result, (json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None)
+
+
+def rows(path: Path) -> list:
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def planted_env(tmp_path: Path) -> dict:
+    (tmp_path / "planted.py").write_text(PLANTED)
+    import os
+    return dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{Path(__file__).resolve().parents[1]}")
+
+
+def test_the_v2_switches_train_alike_step_by_step(cifar_dir, tmp_path):
+    """Nesterov SGD, decay groups, label smoothing, erasing, mixup/CutMix soft targets, clipping,
+    two micro-batches and an EMA updated every step: every loss, gradient, weight, statistic,
+    momentum buffer and EMA weight within tolerance; the files a user checks with their own code."""
+    out = tmp_path / "out"
+    result, report = parity(
+        cifar_dir, out, "--steps", "3", "--optimizer", "SGD", "--use_nesterov", "True", "--weight_decay", "1e-4",
+        "--norm_weight_decay", "0.0", "--bias_weight_decay", "1e-4", "--auto_augment", "ta_wide",
+        "--random_erase", "0.5", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--use_label_smooth", "True",
+        "--label_smooth_factor", "0.1", "--clip_grad_norm", "0.5", "--batch_size", "4",
+        "--grad_accumulation_steps", "2", "--model_ema", "True", "--model_ema_steps", "1",
+        "--model_ema_decay", "0.9")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report["ok"] and report["first_difference"] is None and report["steps"] == 3
+    steps = rows(out / "steps.csv")
+    assert [int(r["step"]) for r in steps] == [1, 2, 3] and all(r["within"] == "True" for r in steps)
+    model = torch_resnet.resnet18(10)
+    trained = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert [r["name"] for r in rows(out / "gradients.csv")] == trained
+    weights = rows(out / "weights.csv")
+    kinds = {r["what"] for r in weights}
+    assert kinds == {"after step 1", "batch statistics of step 1", "optimizer state after step 1", "after step 3",
+                     "EMA after step 3"}
+    assert {r["name"] for r in weights if r["what"] == "optimizer state after step 1"} == \
+        {f"momentum_buffer.{name}" for name in trained}
+    assert all(r["within"] == "True" for r in weights)
+    model.load_state_dict(torch.load(out / "final.pth", weights_only=True), strict=True)
+    saved = ms.load_checkpoint(str(out / "final.ckpt"))
+    assert np.abs(saved["fc.weight"].asnumpy() - model.fc.weight.detach().numpy()).max() < 1e-3
+    assert any(name.startswith("ema.") for name in saved)
+    assert (out / "loss.png").stat().st_size > 1000
+
+
+def test_adamw_on_dumped_batches_in_pynative_mode_compares_every_layer(cifar_dir, tmp_path):
+    """--batches (a user's own loader), AdamW, PYNATIVE, --per_layer: every layer within its floor."""
+    batches = tmp_path / "batches"
+    batches.mkdir()
+    rng = np.random.default_rng(3)
+    for step in range(2):
+        np.save(batches / f"{step:06d}_images.npy", rng.standard_normal((4, 3, 32, 32)).astype(np.float32))
+        np.save(batches / f"{step:06d}_labels.npy", rng.integers(0, 10, 4).astype(np.int64))
+    out = tmp_path / "out"
+    result, report = parity(cifar_dir, out, "--steps", "2", "--batches", str(batches), "--optimizer", "AdamW",
+                            "--weight_decay", "0.05", "--pynative", "--per_layer")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report["ok"] and report["mode"] == "PYNATIVE" and report["first_difference"] is None
+    layers = rows(out / "layers.csv")
+    judged = [r for r in layers if not r["status"].startswith("not compared")]
+    assert len(judged) > 50 and all(r["status"] == "ok" for r in judged)
+    slots = {r["name"].split(".")[0] for r in rows(out / "weights.csv") if r["what"].startswith("optimizer")}
+    assert slots == {"exp_avg", "exp_avg_sq"}
+
+
+def test_planted_batchnorm_epsilon_and_momentum_are_found_and_named(cifar_dir, tmp_path):
+    out = tmp_path / "out"
+    result, report = parity(cifar_dir, out, "--steps", "1", "--torch_model", "planted:resnet18_planted",
+                            env=planted_env(tmp_path))
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report["ok"] is False and report["first_bad_step"] == 1
+    assert report["first_difference"] == "layer2.0.bn1"
+    differing = {r["layer"] for r in rows(out / "layers.csv") if r["status"] == "differs"}
+    leaves = {name for name in differing if name.split(".")[-1].startswith(("bn", "conv"))}
+    assert leaves == {"layer2.0.bn1", "layer3.1.bn2"}
+    momentum_row = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer3.1.bn2")
+    assert float(momentum_row["running_mean_ratio"]) > 1e3 and float(momentum_row["output_ratio"]) < 30
+
+
+def test_a_planted_convolution_padding_in_resnext_is_found(cifar_dir, tmp_path):
+    out = tmp_path / "out"
+    result, report = parity(cifar_dir, out, "--steps", "1", "--arch", "resnext50_32x4d", "--batch_size", "4",
+                            "--torch_model", "planted:resnext_reflect", env=planted_env(tmp_path))
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report["first_difference"] == "layer2.0.conv2"
+
+
+def test_the_first_non_finite_layer_of_a_replayed_step_is_named(cifar_dir, tmp_path):
+    """A checkpoint whose layer3.0.conv1 weights overflow float32: its output is the first Inf."""
+    net = create_model("resnet18", num_classes=10)
+    entries = []
+    for param in net.get_parameters():
+        value = param.asnumpy()
+        if param.name == "layer3.0.conv1.weight":
+            value = np.full_like(value, 1e38)
+        entries.append({"name": param.name, "data": Tensor(value)})
+    ckpt = tmp_path / "planted.ckpt"
+    ms.save_checkpoint(entries, str(ckpt))
+    out = tmp_path / "out"
+    result, report = parity(cifar_dir, out, "--find_nonfinite", "--ckpt", str(ckpt), "--step", "2")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report["first_nonfinite_layer"] == "layer3.0.conv1"
+    found = json.loads((out / "nonfinite.json").read_text())
+    assert found["first_layer"] == "layer3.0.conv1" and found["first_layer_input_finite"] is True
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--arch", "se-resnet50"], "has no PyTorch reference"),
+    (["--optimizer", "LARS"], "torch.optim has no LARS"),
+    (["--batches", "missing_folder"], "is not a folder"),
+])
+def test_bad_requests_are_one_line(cifar_dir, tmp_path, extra, expected):
+    result, _ = parity(cifar_dir, tmp_path / "out", *extra)
+    assert result.returncode == 2
+    assert expected in result.stderr.strip().splitlines()[-1]
+
+
+def test_bad_dumped_batches_are_named(cifar_dir, tmp_path):
+    batches = tmp_path / "batches"
+    batches.mkdir()
+    np.save(batches / "000000_images.npy", np.zeros((4, 32, 32, 3), np.float32))
+    np.save(batches / "000000_labels.npy", np.zeros(4, np.int64))
+    result, _ = parity(cifar_dir, tmp_path / "out", "--steps", "1", "--batches", str(batches))
+    assert result.returncode == 2
+    assert "000000_images.npy: images must be float32 [B, 3, H, W]" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces, in process.
+
+def test_host_input_stage_equals_the_graphs():
+    """The float inputs and soft targets PyTorch gets are the ones the training graph computes."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (4, 16, 16, 3)).astype(np.uint8)
+    labels = rng.integers(0, 10, 4).astype(np.int32)
+    erase = np.array([[2, 3, 5, 4], [0, 0, 0, 0], [10, 10, 6, 6], [1, 0, 3, 16]], np.int32)
+    mix = np.array([0.7, 0.3, 0.7, 0.3, 4, 2, 12, 9], np.float32)
+    normalization = Normalization((0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
+    stage = TrainInputStage(normalization, batch_stage=True, mixes=True, num_classes=10)
+    graph_images, graph_targets = stage(Tensor(images), Tensor(labels), Tensor(erase), Tensor(mix))
+    host_images, host_targets = host_input_stage(images, labels, erase, mix, normalization=normalization,
+                                                 num_classes=10, mixes=True)
+    assert np.abs(graph_images.asnumpy() - host_images).max() < 1e-5
+    assert np.array_equal(graph_targets.asnumpy(), host_targets)
+
+
+def test_torch_decay_groups_are_this_repositorys():
+    net, model = create_model("resnet18", num_classes=10), torch_resnet.resnet18(10)
+    ms_groups = param_groups(net, 1e-4, 0.0, 5e-5)[:-1]
+    ms_decay = {p.name: group["weight_decay"] for group in ms_groups for p in group["params"]}
+    names = {id(p): name for name, p in model.named_parameters()}
+    recipe = TorchRecipe(optimizer="SGD", weight_decay=1e-4, norm_weight_decay=0.0, bias_weight_decay=5e-5)
+    torch_decay = {names[id(p)]: group["weight_decay"] for group in torch_param_groups(model, recipe)
+                   for p in group["params"]}
+    renamed = {name.replace(".gamma", ".weight").replace(".beta", ".bias"): value for name, value in ms_decay.items()}
+    assert torch_decay == renamed
+
+
+def test_ema_plan_moves_when_the_mindspore_schedule_does():
+    plan = EmaPlan(alpha=0.25, every=3, steps_per_epoch=7, copy_until=2)
+    schedule = EmaSchedule(alpha=0.25, every=3, steps_per_epoch=7, copy_until=2)
+    for step in range(20):
+        due = (step % schedule.steps_per_epoch) % schedule.every == 0
+        expected = (1.0 if step <= schedule.copy_until else schedule.alpha) if due else 0.0
+        assert plan.weight_of_raw(step) == expected
