@@ -10,7 +10,7 @@ import random
 import shlex
 import sys
 import tempfile
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import mindspore as ms
 import mindspore.dataset as mds
@@ -19,6 +19,7 @@ from mindspore.train import Model
 
 from src.config import Config, load_config, read_yaml, run_dir, save_config
 from src.data.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
+from src.data.host_stage import host_input_stage
 from src.data.image_decode import partial_decoder
 from src.dataset import (
     Augmentation,
@@ -71,8 +72,9 @@ from src.training.distributed import (
     set_data_parallel,
     writes_run_folder,
 )
-from src.training.faults import DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
+from src.training.faults import DivergedError, DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
 from src.training.model_summary import model_summary, parameter_bytes, parameter_counts, summary_line
+from src.training.nonfinite import replay_step, write_replay
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.training.report import class_names_for, evaluate_with_report, save_report
@@ -114,6 +116,30 @@ def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *
                           skip_samples=skip_batches * batch,
                           bad_sample_file=os.path.join(folder, f"bad_samples_rank{rank}.tsv"),
                           max_bad_samples=cfg.max_bad_samples)
+
+
+def host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
+                 count: int) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """This rank's training batches of global steps first..first+count-1 (0-based), through the input
+    stage's host computation: float32 NCHW images, and int labels or soft targets. Every draw is a
+    function of (seed, epoch, index), so they are the training's own batches."""
+    recipe, normalization = data_recipe(cfg), normalization_of(cfg.dataset)
+    found: List[Tuple[np.ndarray, np.ndarray]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        per_epoch = create_train_dataset(cfg, rank, group_size, scratch).get_dataset_size()
+        epoch, skip = divmod(first, per_epoch)
+        while len(found) < count:
+            batches = create_train_dataset(cfg, rank, group_size, scratch, start_epoch=epoch, skip_batches=skip)
+            iterator = batches.create_tuple_iterator(num_epochs=1, output_numpy=True)
+            for columns in iterator:
+                images, labels, erase, mix = (list(columns) + [None, None])[:4]
+                found.append(host_input_stage(images, labels, erase, mix, normalization=normalization,
+                                              num_classes=cfg.class_num, mixes=recipe.mixes))
+                if len(found) == count:
+                    break
+            iterator.stop()
+            epoch, skip = epoch + 1, 0
+    return found
 
 
 def check_data(cfg: Config, log) -> None:
@@ -492,10 +518,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             board.finished(cfg.epoch_size * steps_per_epoch)
     except TrainingStopped as stopped:
         return stopped.exit_code
+    except DivergedError as diverged:
+        if diverged.step is None:
+            raise
+        where = replay_divergence(cfg, net, diverged.step, rank=rank, group_size=group_size, folder=folder)
+        raise DivergedError(f"{diverged}; {where}", step=diverged.step) from None
     finally:
         if board:
             board.close()
     return 0
+
+
+def replay_divergence(cfg: Config, net, step: int, *, rank: int, group_size: int, folder: str) -> str:
+    """Replay global step `step` cell by cell on the weights before it (the train step did not apply
+    it): where it first went non-finite, also written to nonfinite_rank<r>.json in the run folder."""
+    images, labels = host_batches(cfg, rank, group_size, first=step - 1, count=1)[0]
+    loss = create_loss(num_classes=cfg.class_num,
+                       label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
+    parts = cfg.grad_accumulation_steps
+    for part, (image_part, label_part) in enumerate(zip(np.split(images, parts), np.split(labels, parts)), 1):
+        result = replay_step(net, loss, image_part, label_part)
+        if result.first_layer or result.first_gradient or result.non_finite_weights or part == parts:
+            path = write_replay(result, folder, f"nonfinite_rank{rank}.json")
+            which = f" (micro-batch {part} of {parts})" if parts > 1 else ""
+            return f"replayed step {step}{which}: {result.describe()} ({path})"
+    return ""
 
 
 def start_board(cfg: Config, board: Board, dataset, *, rank: int, group_size: int) -> None:

@@ -31,7 +31,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
@@ -39,7 +38,6 @@ import numpy as np
 from mindspore import nn, ops
 
 from src.config import Config, load_config
-from src.data.host_stage import host_input_stage, normalization_of
 from src.device import init_device
 from src.errors import OneLineParser, UserInputError, run_cli
 from src.files import atomic_target, write_atomic
@@ -52,7 +50,7 @@ from src.resnet import ARCHS, ZOO_NETWORKS, create_model
 from src.training.checkpoint import EMA_PREFIX, load_into_network
 from src.training.nonfinite import replay_step, write_replay
 from src.training.train_step import EmaSchedule, ReadyInput, ema_schedule
-from train import create_train_dataset, create_train_step, data_recipe, seed_everything
+from train import create_train_step, host_batches, seed_everything
 
 # A MindSpore-vs-PyTorch difference may be this many times the float32 rounding floor of the same
 # quantity (PyTorch float64 vs float32). Measured (docs/pytorch.md): correct runs gave ratios of
@@ -115,30 +113,6 @@ def check_request(args: argparse.Namespace, cfg: Config) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The batches.
-
-def draw_batches(cfg: Config, steps: int, first: int = 0) -> List[Batch]:
-    """Batches `first`..`first + steps - 1` (0-based global steps) of the training pipeline, through
-    the input stage's host computation: float32 NCHW images and int labels or soft targets."""
-    recipe = data_recipe(cfg)
-    normalization = normalization_of(cfg.dataset)
-    found: List[Batch] = []
-    with tempfile.TemporaryDirectory() as scratch:
-        probe = create_train_dataset(cfg, 0, 1, scratch)
-        per_epoch = probe.get_dataset_size()
-        epoch, skip = divmod(first, per_epoch)
-        while len(found) < steps:
-            data = create_train_dataset(cfg, 0, 1, scratch, start_epoch=epoch, skip_batches=skip)
-            batches = data.create_tuple_iterator(num_epochs=1, output_numpy=True)
-            for columns in batches:
-                images, labels, erase, mix = (list(columns) + [None, None])[:4]
-                found.append(host_input_stage(images, labels, erase, mix, normalization=normalization,
-                                              num_classes=cfg.class_num, mixes=recipe.mixes))
-                if len(found) == steps:
-                    break
-            batches.stop()
-            epoch, skip = epoch + 1, 0
-    return found
-
 
 def read_batches(folder: str, steps: int, cfg: Config, first: int = 0) -> List[Batch]:
     """Steps `first`.. of a folder of dumped batches, checked: float32 NCHW images, int64 labels
@@ -494,7 +468,7 @@ def find_nonfinite(cfg: Config, args: argparse.Namespace, log) -> int:
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
     load_into_network(net, args.ckpt, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
     batch = (read_batches(args.batches, 1, cfg, first=args.step - 1) if args.batches
-             else draw_batches(cfg, 1, first=args.step - 1))[0]
+             else host_batches(cfg, 0, 1, first=args.step - 1, count=1))[0]
     from src.loss import create_loss  # noqa: PLC0415
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
@@ -520,7 +494,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return find_nonfinite(cfg, args, log)
     torch = import_torch()
     torch.manual_seed(cfg.seed)
-    batches = read_batches(args.batches, args.steps, cfg) if args.batches else draw_batches(cfg, args.steps)
+    batches = read_batches(args.batches, args.steps, cfg) if args.batches else host_batches(cfg, 0, 1, first=0,
+                                                                                             count=args.steps)
     for images, labels in batches[:1]:
         check_batch(images, labels, cfg, "the first batch")
     tables, first_bad, before_bad, (net, step_cell, side32, model) = run_steps(cfg, args, batches, log)

@@ -3,6 +3,7 @@ The stop-signal tests sit beside the uninterrupted runs they compare with: test_
 process) and test_distributed.py (two ranks through the launcher)."""
 import contextlib
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -121,6 +122,25 @@ def test_nan_run_stops_and_keeps_the_good_checkpoints(cifar_dir, tmp_path):
     assert "resnet18-1_1.ckpt" in [p.name for p in saved] or len(saved) == 2
     assert not list(folder.glob(".tmp-*"))
     assert len(metrics(folder)) < 24  # stopped, not trained to the end
+
+
+def test_a_non_finite_step_is_replayed_and_its_first_non_finite_layer_named(cifar_dir, tmp_path):
+    """Weights whose layer3.0.conv1 overflows float32: step 1's loss is NaN, the step is not applied,
+    and the replay names the layer in the error line and in the run folder."""
+    net = create_model("resnet18", num_classes=10)
+    for param in net.get_parameters():
+        if param.name == "layer3.0.conv1.weight":
+            param.set_data(Tensor(np.full(param.shape, 1e38, np.float32)))
+    planted = tmp_path / "planted.ckpt"
+    save_atomic(net, str(planted))
+    result = run(train_args(cifar_dir, tmp_path / "out", "--pre_trained", str(planted), "--nan_patience", "1",
+                            "--loss_scale_type", "fixed"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = error_line(result)
+    assert "global step 1" in line and "(not applied)" in line
+    assert "replayed step 1: first non-finite output: layer3.0.conv1 from a finite input" in line
+    found = json.loads((tmp_path / "out" / RUN / "nonfinite_rank0.json").read_text())
+    assert found["first_layer"] == "layer3.0.conv1" and not found["non_finite_weights"]
 
 
 # --- write failures ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@ weights) and a stop signal (a scheduler's SIGTERM, Ctrl-C)."""
 import math
 import os
 import signal
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -15,7 +15,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class DivergedError(UserInputError):
-    """Training produced a non-finite loss or non-finite weights; the message says what to try."""
+    """Training produced a non-finite loss or non-finite weights; the message says what to try.
+    `step` is the global step whose loss was the last non-finite one (None: the weights were)."""
+
+    def __init__(self, message: str, step: Optional[int] = None):
+        super().__init__(message)
+        self.step = step
 
 
 class TrainingStopped(Exception):
@@ -38,11 +43,11 @@ def overflow_skipped(outputs) -> bool:
 
 
 class DivergenceGuard(StepCounter):
-    """Stops the run after `patience` consecutive steps with a non-finite loss, or when the weights
-    hold NaN/Inf at an epoch end or before a checkpoint is saved (`check_weights`). Under dynamic
-    loss scaling (`skips_overflow`), an overflow step is skipped by the scaler and neither counts nor
-    resets the count. Put it first among the callbacks, so it stops the run before any epoch-end
-    checkpoint or evaluation sees the bad weights."""
+    """Stops the run after `patience` consecutive steps with a non-finite loss or gradients (the train
+    step skipped them), or when the weights hold NaN/Inf at an epoch end or before a checkpoint is
+    saved (`check_weights`). Under dynamic loss scaling (`skips_overflow`), an overflow step is the
+    scaler's business and neither counts nor resets the count. Put it first among the callbacks, so
+    it stops the run before any epoch-end checkpoint or evaluation sees the bad weights."""
 
     def __init__(self, *, patience: int, steps_per_epoch: int, lrs: Sequence[float], skips_overflow: bool,
                  hints: str, first_step: int = 0):
@@ -58,17 +63,19 @@ class DivergenceGuard(StepCounter):
 
     def on_train_step_end(self, run_context) -> None:
         outputs = run_context.original_args().net_outputs
-        if self.skips_overflow and overflow_skipped(outputs):
+        skipped = overflow_skipped(outputs)
+        if self.skips_overflow and skipped:
             return
         loss = loss_value(outputs)
-        if math.isfinite(loss):
+        if math.isfinite(loss) and not skipped:
             self.bad_steps = 0
             return
         self.bad_steps += 1
         if self.bad_steps >= self.patience:
-            raise DivergedError(f"training diverged: loss {loss} for {self.bad_steps} consecutive step(s) up to "
-                                f"{self.where(run_context)}; no checkpoint with NaN/Inf was written; "
-                                f"try {self.hints}")
+            what = f"loss {loss}" if not math.isfinite(loss) else "non-finite gradients"
+            raise DivergedError(f"training diverged: {what} for {self.bad_steps} consecutive step(s) up to "
+                                f"{self.where(run_context)} (not applied); no checkpoint with NaN/Inf was written; "
+                                f"try {self.hints}", step=self.global_step(run_context))
 
     def check_weights(self, run_context) -> None:
         """Raise DivergedError when any weight, statistic or optimizer slot holds NaN/Inf (before

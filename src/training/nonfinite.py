@@ -24,7 +24,8 @@ class NonFinite:
     first_layer_input_finite: bool      # True when that cell's input was finite: the cell made it
     first_gradient: Optional[str]       # the parameter nearest the loss whose gradient is NaN/Inf
     non_finite_gradients: int
-    non_finite_weights: List[str]
+    non_finite_weights: List[str]       # trainable weights holding NaN/Inf before the step
+    non_finite_statistics: List[str]    # BatchNorm statistics (the failed step's forward moved them)
 
     def describe(self) -> str:
         if self.non_finite_weights:
@@ -55,7 +56,7 @@ def replay_step(net: nn.Cell, loss_fn: Callable, images: np.ndarray, labels: np.
     ms.set_context(mode=ms.PYNATIVE_MODE)
     params = list(net.get_parameters())
     saved = [param.asnumpy().copy() for param in params]
-    bad_weights = [param.name for param, value in zip(params, saved) if not np.isfinite(value).all()]
+    bad = [param for param, value in zip(params, saved) if not np.isfinite(value).all()]
     found: List = []
 
     def hook(cell_name, _cell, inputs, output):
@@ -83,7 +84,8 @@ def replay_step(net: nn.Cell, loss_fn: Callable, images: np.ndarray, labels: np.
     return NonFinite(loss=float(loss.asnumpy()), first_layer=found[0][0] if found else None,
                      first_layer_input_finite=bool(found[0][1]) if found else True,
                      first_gradient=bad_grads[-1] if bad_grads else None, non_finite_gradients=len(bad_grads),
-                     non_finite_weights=bad_weights)
+                     non_finite_weights=[param.name for param in bad if param.requires_grad],
+                     non_finite_statistics=[param.name for param in bad if not param.requires_grad])
 
 
 def write_replay(result: NonFinite, folder: str, name: str = "nonfinite.json") -> str:

@@ -22,7 +22,8 @@ def resolve_amp_level(amp_level: str, device_target: str) -> str:
 
 
 def create_loss_scale_manager(loss_scale_type: str, loss_scale: float) -> Optional[LossScaleManager]:
-    """None, a fixed scale (no overflow skipping), or a dynamic scale starting at `loss_scale`."""
+    """None, a fixed scale, or a dynamic scale starting at `loss_scale` (halved on an overflow). The
+    train step skips a step with non-finite gradients under each of them."""
     if loss_scale_type not in LOSS_SCALE_TYPES:
         raise UserInputError(f"unknown loss_scale_type '{loss_scale_type}'; choose one of "
                              f"{', '.join(LOSS_SCALE_TYPES)}")

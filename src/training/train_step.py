@@ -1,12 +1,15 @@
 """One training step as a single cell that `Model` runs: the input stage (the dataset's uint8
 batch to normalized float images, erasing and mixing: src/data/input_stage.py), forward and
 loss, loss scaling, gradients, gradient accumulation over micro-batches, data-parallel averaging,
-unscaling, global-norm clipping, overflow skipping (dynamic loss scale), the optimizer update and
-the weight EMA.
+unscaling, global-norm clipping, skipping a step whose gradients are not finite, the optimizer
+update and the weight EMA.
 
 Everything happens inside the graph, so sink mode keeps one device call per sink. The cell
 returns `(loss, overflow, loss_scale)`, as MindSpore's loss-scaling cells do: `overflow` is True
-when the step's gradients were not finite and the update was skipped (dynamic loss scale only).
+when the step's gradients were not finite and the update was skipped. A dynamic loss scale then
+shrinks; otherwise the divergence guard counts the step, and since the weights are still those
+before it, the step can be replayed exactly to find where it went non-finite (train.py). (Skipping
+costs one finiteness check of the gradients per step; applying NaN gradients would lose the weights.)
 A step that clips returns the gradients' global norm before clipping as a fourth output.
 
 Accumulation: one call receives `accumulation_steps` micro-batches stacked into one batch, runs
@@ -217,17 +220,13 @@ class TrainStep(nn.Cell):
             grads = self.reducer(grads)  # once per optimizer step, also with accumulation
         if self.unscale:
             grads = self.hyper_map(ops.partial(_scale, 1 / scale), grads)
-        overflow = Tensor(False, ms.bool_)
+        overflow = ops.logical_not(ops.stack(self.hyper_map(_finite, grads)).all())
         if self.dynamic:
-            overflow = ops.logical_not(ops.stack(self.hyper_map(_finite, grads)).all())
             overflow = self.scale_update(self.scale_sense, overflow)
         norm = Tensor(0.0, ms.float32)
         if self.clip:
             grads, norm = self.clip_by_global_norm(grads)
-        if self.dynamic:
-            if not overflow:
-                loss = ops.depend(loss, self.apply(grads, step))
-        else:
+        if not overflow:
             loss = ops.depend(loss, self.apply(grads, step))
         if self.use_ema:
             loss = ops.depend(loss, ops.assign_add(self.train_steps, Tensor(1, ms.int32)))
