@@ -119,15 +119,17 @@ def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *
 
 
 def host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
-                 count: int) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """This rank's training batches of global steps first..first+count-1 (0-based), through the input
-    stage's host computation: float32 NCHW images, and int labels or soft targets. Every draw is a
-    function of (seed, epoch, index), so they are the training's own batches."""
+                 count: Optional[int]) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """This rank's training batches of global steps first..first+count-1 (0-based; count None: to the
+    end of that epoch), through the input stage's host computation: float32 NCHW images, and int
+    labels or soft targets. Every draw is a function of (seed, epoch, index), so they are the
+    training's own batches."""
     recipe, normalization = data_recipe(cfg), normalization_of(cfg.dataset)
     found: List[Tuple[np.ndarray, np.ndarray]] = []
     with tempfile.TemporaryDirectory() as scratch:
         per_epoch = create_train_dataset(cfg, rank, group_size, scratch).get_dataset_size()
         epoch, skip = divmod(first, per_epoch)
+        count = per_epoch - skip if count is None else count
         while len(found) < count:
             batches = create_train_dataset(cfg, rank, group_size, scratch, start_epoch=epoch, skip_batches=skip)
             iterator = batches.create_tuple_iterator(num_epochs=1, output_numpy=True)

@@ -64,8 +64,8 @@ def share_of_machine(alone: bool) -> Iterator[None]:
 # The modules that take longest (seconds of one worker, measured), started first so that no long
 # module is left for one worker at the end while the other idles (scripts/run_tests.sh passes
 # --no-loadscope-reorder so xdist keeps this order).
-LONGEST_FIRST = ("test_resume", "test_distributed", "test_convert_torch", "test_export", "test_report",
-                 "test_quantize", "test_end_to_end", "test_multinode", "test_benchmark", "test_zoo",
+LONGEST_FIRST = ("test_resume", "test_distributed", "test_train_parity", "test_convert_torch", "test_export",
+                 "test_report", "test_quantize", "test_end_to_end", "test_multinode", "test_benchmark", "test_zoo",
                  "test_zoo_configs", "test_faults", "test_watch", "test_checkpoint_files")
 
 

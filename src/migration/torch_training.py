@@ -26,6 +26,18 @@ REFUSED = {
     "Thor": "THOR is MindSpore's second-order optimizer; torch has no counterpart",
 }
 
+# Which definition this repository follows where the frameworks differ, said once per run.
+DEFINITIONS = {
+    "Momentum": "Momentum = torch.optim.SGD(momentum, weight_decay): decay added to the gradient, no dampening "
+                "(MindSpore's nn.Momentum computes exactly that)",
+    "SGD": "SGD = torch.optim.SGD; with use_nesterov, torch's Nesterov form (MindSpore's nn.SGD; nn.Momentum's "
+           "use_nesterov lags it by a step and is not used)",
+    "AdamW": "AdamW = torch.optim.AdamW: decay decoupled (w -= lr * wd * w), eps added after the bias correction "
+             "(nn.Adam adds it before; this repository computes torch's step)",
+}
+BATCH_NORM_DEFINITION = ("BatchNorm momentum 0.9 here is PyTorch's 0.1 (MindSpore weights the old average, PyTorch "
+                         "the new batch); both keep the unbiased batch variance")
+
 
 @dataclass(frozen=True)
 class EmaPlan:
