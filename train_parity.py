@@ -104,6 +104,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, Config]:
     args, rest = parser.parse_known_args(argv)
     if args.steps < 1 or args.step < 1 or args.multiple <= 0:
         raise UserInputError("--steps and --step must be >= 1 and --multiple > 0")
+    args.data_given = any(arg == "--data_path" or arg.startswith("--data_path=") for arg in rest)
     overrides = ["--net_name", args.arch] if args.arch else []
     cfg = load_config(list(rest) + overrides, prog="train_parity.py")
     return args, cfg
@@ -544,7 +545,7 @@ def learn_one_seed(cfg: Config, args: argparse.Namespace, evaluation: Batch, log
 def learn_side_by_side(cfg: Config, args: argparse.Namespace, log) -> int:
     """--learn: the recipe over several seeds in both frameworks; the spreads of their curves must overlap."""
     import_torch()
-    if not os.path.exists(cfg.data_path):
+    if not args.data_given:
         from src.data.digits_data import write_digits  # noqa: PLC0415
         cfg.data_path = write_digits(os.path.join(args.output_dir, "digits"))
         log(f"data: scikit-learn's digits written as CIFAR-10 binary files to {cfg.data_path}")
