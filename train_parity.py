@@ -45,7 +45,14 @@ from src.errors import OneLineParser, UserInputError, run_cli
 from src.files import atomic_target, write_atomic
 from src.lr_schedule import create_lr_schedule
 from src.migration.convert_torch import import_torch, ms_to_torch_name, torch_to_ms_name
-from src.migration.layer_diff import FLOAT32_EPS, cosine, find_first_difference, first_differing, relative_difference
+from src.migration.layer_diff import (
+    FLOAT32_EPS,
+    cosine,
+    find_first_difference,
+    first_differing,
+    judged,
+    relative_difference,
+)
 from src.migration.parity import build_torch_model, read_pth_state, resolve_factory
 from src.migration.torch_training import (
     BATCH_NORM_DEFINITION,
@@ -235,7 +242,7 @@ def load_torch_state(net, state: Dict[str, object]) -> None:
         param.set_data(ms.Tensor(value.copy()))
 
 
-def create_sides(cfg: Config, args: argparse.Namespace, steps: int):
+def create_sides(cfg: Config, args: argparse.Namespace):
     """The MindSpore network and the PyTorch model, holding one initial state."""
     net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init, dense_init=cfg.dense_init,
                        zero_init_residual=cfg.zero_init_residual)
@@ -317,13 +324,12 @@ def compare_tables(what: str, ms_values: Dict[str, np.ndarray], torch32: Dict[st
                          "rel_diff": "", "cosine": "", "floor": "", "ratio": "", "within": False,
                          "note": "missing on the MindSpore side"})
             continue
-        difference = relative_difference(reference, other)
-        floor = relative_difference(reference, torch64[name])
-        ratio = difference / max(floor, FLOAT32_EPS)
+        check = judged(relative_difference(reference, other), relative_difference(reference, torch64[name]),
+                       multiple)
         rows.append({"what": what, "name": name, "shape": list(reference.shape),
                      "max_abs_diff": float(np.max(np.abs(reference - other))) if reference.size else 0.0,
-                     "rel_diff": difference, "cosine": cosine(reference, other), "floor": floor, "ratio": ratio,
-                     "within": bool(ratio <= multiple), "note": ""})
+                     "rel_diff": check["difference"], "cosine": cosine(reference, other), "floor": check["floor"],
+                     "ratio": check["ratio"], "within": check["within"], "note": ""})
     return rows
 
 
@@ -376,7 +382,7 @@ def run_steps(cfg: Config, args: argparse.Namespace, batches: List[Batch], log):
     """Both sides in lockstep; returns the tables, the first failing step's number and the PyTorch
     state before it (for the layer comparison), and the sides."""
     steps = len(batches)
-    net, model, spec = create_sides(cfg, args, steps)
+    net, model, spec = create_sides(cfg, args)
     lrs, warmup = compressed_schedule(cfg, steps)
     plan = ema_plan(cfg, steps, warmup)
     ema = EmaSchedule(alpha=plan.alpha, every=plan.every, steps_per_epoch=steps,
@@ -520,7 +526,7 @@ def learn_one_seed(cfg: Config, args: argparse.Namespace, evaluation: Batch, log
     import torch  # noqa: PLC0415
     seed_everything(cfg.seed)
     torch.manual_seed(cfg.seed)
-    net, model, _ = create_sides(cfg, args, 1)
+    net, model, _ = create_sides(cfg, args)
     per_epoch = len(host_batches(cfg, 0, 1, first=0, count=None))
     lrs = create_schedule(cfg, per_epoch)
     step_cell = create_train_step(cfg, net, lrs, ema=None, input_stage=ReadyInput())
