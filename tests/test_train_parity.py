@@ -218,13 +218,14 @@ def test_ema_plan_moves_when_the_mindspore_schedule_does():
 
 def test_learning_side_by_side_reports_both_curves_per_seed(tmp_path):
     """--learn on the default data (scikit-learn's digits): held-out top-1 of both frameworks for
-    each seed and epoch, and whether their spreads overlap."""
-    result = run(TOOL + ["--learn", "1", "--seeds", "1", "2", "--config_path", "config/resnet18_cifar10.yaml",
+    each seed and epoch, and whether their spreads overlap (one seed: whether the two values do)."""
+    result = run(TOOL + ["--learn", "1", "--seeds", "1", "--config_path", "config/resnet18_cifar10.yaml",
                          "--device_target", "CPU", "--train_image_size", "32", "--eval_image_size", "32",
-                         "--batch_size", "128", "--num_parallel_workers", "1", "--output_dir", str(tmp_path)])
+                         "--batch_size", "128", "--warmup_epochs", "0", "--num_parallel_workers", "1",
+                         "--output_dir", str(tmp_path)])
     assert result.returncode in (0, 1), result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert sorted(report["learn"]) == ["1", "2"] and len(report["overlap"]) == 1
+    assert list(report["learn"]) == ["1"] and len(report["overlap"]) == 1
     for curves in report["learn"].values():
         assert all(len(curves[side]) == 1 and 0.0 <= curves[side][0] <= 1.0 for side in ("mindspore", "torch"))
     assert report["ok"] == report["overlap"][0] and (result.returncode == 0) == report["ok"]
