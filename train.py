@@ -74,7 +74,7 @@ from src.training.distributed import (
 )
 from src.training.faults import DivergedError, DivergenceGuard, GracefulStop, TrainingStopped, divergence_hints
 from src.training.model_summary import model_summary, parameter_bytes, parameter_counts, summary_line
-from src.training.nonfinite import replay_step, write_replay
+from src.training.nonfinite import replay_micro_batches, write_replay
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.training.report import class_names_for, evaluate_with_report, save_report
@@ -534,17 +534,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def replay_divergence(cfg: Config, net, step: int, *, rank: int, group_size: int, folder: str) -> str:
     """Replay global step `step` cell by cell on the weights before it (the train step did not apply
     it): where it first went non-finite, also written to nonfinite_rank<r>.json in the run folder."""
-    images, labels = host_batches(cfg, rank, group_size, first=step - 1, count=1)[0]
-    loss = create_loss(num_classes=cfg.class_num,
-                       label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
-    parts = cfg.grad_accumulation_steps
-    for part, (image_part, label_part) in enumerate(zip(np.split(images, parts), np.split(labels, parts)), 1):
-        result = replay_step(net, loss, image_part, label_part)
-        if result.first_layer or result.first_gradient or result.non_finite_weights or part == parts:
-            path = write_replay(result, folder, f"nonfinite_rank{rank}.json")
-            which = f" (micro-batch {part} of {parts})" if parts > 1 else ""
-            return f"replayed step {step}{which}: {result.describe()} ({path})"
-    return ""
+    try:
+        images, labels = host_batches(cfg, rank, group_size, first=step - 1, count=1)[0]
+        loss = create_loss(num_classes=cfg.class_num,
+                           label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
+        result, which = replay_micro_batches(net, loss, images, labels, parts=cfg.grad_accumulation_steps,
+                                             loss_scale=cfg.loss_scale if cfg.loss_scale_type != "none" else 1.0)
+        path = write_replay(result, folder, f"nonfinite_rank{rank}.json")
+    except Exception as err:  # pylint: disable=broad-except  # the divergence message must survive
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"the replay of step {step} failed ({reason})"
+    others = " (the other ranks' batches: their nonfinite_rank<r>.json)" if result.finite and group_size > 1 else ""
+    return f"replayed step {step}{f' ({which})' if which else ''}: {result.describe()}{others} ({path})"
 
 
 def start_board(cfg: Config, board: Board, dataset, *, rank: int, group_size: int) -> None:

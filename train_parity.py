@@ -43,6 +43,7 @@ from src.dataset import create_eval_dataset
 from src.device import init_device
 from src.errors import OneLineParser, UserInputError, run_cli
 from src.files import atomic_target, write_atomic
+from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule
 from src.migration.convert_torch import import_torch, ms_to_torch_name, torch_to_ms_name
 from src.migration.layer_diff import (
@@ -64,7 +65,8 @@ from src.migration.torch_training import (
 )
 from src.resnet import ARCHS, ZOO_NETWORKS, create_model
 from src.training.checkpoint import EMA_PREFIX, load_into_network
-from src.training.nonfinite import replay_step, write_replay
+from src.training.nonfinite import json_safe, replay_micro_batches, write_replay
+from src.training.precision import mixed_precision_network, resolve_amp_level
 from src.training.train_step import EmaSchedule, ReadyInput, check_ema_decay, ema_schedule
 from train import create_schedule, create_train_step, host_batches, seed_everything
 
@@ -346,7 +348,10 @@ def loss_row(step: int, lr: float, losses: Tuple[float, float, float], floor_so_
 
 
 def write_csv(path: str, rows: List[Dict[str, object]]) -> None:
+    """The rows as CSV, atomically; no rows: no file (not an earlier run's)."""
     if not rows:
+        if os.path.exists(path):
+            os.remove(path)
         return
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
@@ -488,19 +493,20 @@ def find_nonfinite(cfg: Config, args: argparse.Namespace, log) -> int:
     """Replay global step --step's batch on --ckpt and say where it first goes non-finite."""
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
     load_into_network(net, args.ckpt, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
+    mixed_precision_network(net, resolve_amp_level(cfg.amp_level, cfg.device_target))
     batch = (read_batches(args.batches, 1, cfg, first=args.step - 1) if args.batches
              else host_batches(cfg, 0, 1, first=args.step - 1, count=1))[0]
-    from src.loss import create_loss  # noqa: PLC0415
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
-    result = replay_step(net, loss, *batch)
+    result, which = replay_micro_batches(net, loss, *batch, parts=cfg.grad_accumulation_steps,
+                                         loss_scale=cfg.loss_scale if cfg.loss_scale_type != "none" else 1.0)
     path = write_replay(result, args.output_dir)
-    finite = result.first_layer is None and result.first_gradient is None and not result.non_finite_weights
-    log(f"step {args.step} on {args.ckpt}: {result.describe()} ({path})")
-    print(json.dumps({"ok": finite, "step": args.step, "ckpt": args.ckpt, "loss": result.loss,
-                      "first_nonfinite_layer": result.first_layer, "first_nonfinite_gradient": result.first_gradient,
-                      "nonfinite_weights": len(result.non_finite_weights)}), flush=True)
-    return 0 if finite else 1
+    log(f"step {args.step}{f' ({which})' if which else ''} on {args.ckpt}: {result.describe()} ({path})")
+    print(json.dumps(json_safe({"ok": result.finite, "step": args.step, "ckpt": args.ckpt, "loss": result.loss,
+                                "first_nonfinite_layer": result.first_layer,
+                                "first_nonfinite_gradient": result.first_gradient,
+                                "nonfinite_weights": len(result.non_finite_weights)}), allow_nan=False), flush=True)
+    return 0 if result.finite else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -554,6 +560,7 @@ def learn_side_by_side(cfg: Config, args: argparse.Namespace, log) -> int:
     if not args.data_given:
         from src.data.digits_data import write_digits  # noqa: PLC0415
         cfg.data_path = write_digits(os.path.join(args.output_dir, "digits"))
+        cfg.dataset, cfg.class_num, cfg.eval_dataset_path = "cifar10", 10, ""
         log(f"data: scikit-learn's digits written as CIFAR-10 binary files to {cfg.data_path}")
     cfg.epoch_size = args.learn
     evaluation = held_out(cfg)
@@ -578,12 +585,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     check_request(args, cfg)
     log = print
-    cfg.amp_level = "O0"  # both sides float32: the floor is float32's
     init_device(cfg.device_target, mode_name="PYNATIVE" if args.pynative or args.find_nonfinite else "GRAPH")
     seed_everything(cfg.seed)
     os.makedirs(args.output_dir, exist_ok=True)
-    if args.find_nonfinite:
+    if args.find_nonfinite:  # in the run's own precision
         return find_nonfinite(cfg, args, log)
+    cfg.amp_level = "O0"  # both sides float32: the floor is float32's
     if args.learn:
         return learn_side_by_side(cfg, args, log)
     torch = import_torch()
@@ -635,7 +642,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         where = (f"first layer that differs: {differing.name} ({differing.kind}; {differing.worst()})" if differing
                  else "no single layer differs on its own (see layers.csv)")
         log(f"train parity: FAIL from step {first_bad}; {where}")
-    print(json.dumps(summary), flush=True)
+    print(json.dumps(json_safe(summary), allow_nan=False), flush=True)
     return 0 if ok else 1
 
 

@@ -141,6 +141,7 @@ def test_a_non_finite_step_is_replayed_and_its_first_non_finite_layer_named(cifa
     assert "replayed step 1: first non-finite output: layer3.0.conv1 from a finite input" in line
     found = json.loads((tmp_path / "out" / RUN / "nonfinite_rank0.json").read_text())
     assert found["first_layer"] == "layer3.0.conv1" and not found["non_finite_weights"]
+    assert not found["non_finite_statistics"]  # the skipped step put BatchNorm's statistics back
 
 
 # --- write failures ---------------------------------------------------------------------------

@@ -73,9 +73,10 @@ class DivergenceGuard(StepCounter):
         self.bad_steps += 1
         if self.bad_steps >= self.patience:
             what = f"loss {loss}" if not math.isfinite(loss) else "non-finite gradients"
+            applied = " (not applied)" if skipped else ""  # THOR's steps report no overflow: applied
             raise DivergedError(f"training diverged: {what} for {self.bad_steps} consecutive step(s) up to "
-                                f"{self.where(run_context)} (not applied); no checkpoint with NaN/Inf was written; "
-                                f"try {self.hints}", step=self.global_step(run_context))
+                                f"{self.where(run_context)}{applied}; no checkpoint with NaN/Inf was written; "
+                                f"try {self.hints}", step=self.global_step(run_context) if skipped else None)
 
     def check_weights(self, run_context) -> None:
         """Raise DivergedError when any weight, statistic or optimizer slot holds NaN/Inf (before

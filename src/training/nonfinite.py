@@ -7,7 +7,7 @@ step's weights; BatchNorm statistics are put back afterwards, so the replay chan
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -27,6 +27,10 @@ class NonFinite:
     non_finite_weights: List[str]       # trainable weights holding NaN/Inf before the step
     non_finite_statistics: List[str]    # BatchNorm statistics (the failed step's forward moved them)
 
+    @property
+    def finite(self) -> bool:
+        return not (self.first_layer or self.first_gradient or self.non_finite_weights)
+
     def describe(self) -> str:
         if self.non_finite_weights:
             return (f"{len(self.non_finite_weights)} weight(s) already hold NaN/Inf before the step (first "
@@ -40,7 +44,18 @@ class NonFinite:
         return f"the replayed step is finite (loss {self.loss:.6g})"
 
     def write(self, path: str) -> None:
-        write_atomic(path, json.dumps(asdict(self), indent=1) + "\n")
+        write_atomic(path, json.dumps(json_safe(asdict(self)), indent=1, allow_nan=False) + "\n")
+
+
+def json_safe(value):
+    """NaN and Inf (not JSON) as null, inside dicts and lists."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def _all_finite(value) -> bool:
@@ -49,9 +64,11 @@ def _all_finite(value) -> bool:
     return not isinstance(value, ms.Tensor) or bool(np.isfinite(value.asnumpy()).all())
 
 
-def replay_step(net: nn.Cell, loss_fn: Callable, images: np.ndarray, labels: np.ndarray) -> NonFinite:
-    """One forward (hooks on every cell) and backward of `loss_fn(net(images), labels)` in PYNATIVE
-    mode on `net`'s current weights, with nothing changed afterwards."""
+def replay_step(net: nn.Cell, loss_fn: Callable, images: np.ndarray, labels: np.ndarray,
+                loss_scale: float = 1.0) -> NonFinite:
+    """One forward (hooks on every cell) and backward of `loss_fn(net(images), labels) * loss_scale`
+    (as the training step scales it) in PYNATIVE mode on `net`'s current weights, with nothing
+    changed afterwards."""
     previous_mode = ms.get_context("mode")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     params = list(net.get_parameters())
@@ -71,9 +88,10 @@ def replay_step(net: nn.Cell, loss_fn: Callable, images: np.ndarray, labels: np.
         inputs, targets = ms.Tensor(images), ms.Tensor(labels)
 
         def forward(x, y):
-            return loss_fn(ops.cast(net(x), ms.float32), y)
+            return loss_fn(ops.cast(net(x), ms.float32), y) * loss_scale
 
         loss, grads = ms.value_and_grad(forward, None, weights)(inputs, targets)
+        loss = loss / loss_scale
     finally:
         for handle in handles:
             handle.remove()
@@ -86,6 +104,17 @@ def replay_step(net: nn.Cell, loss_fn: Callable, images: np.ndarray, labels: np.
                      first_gradient=bad_grads[-1] if bad_grads else None, non_finite_gradients=len(bad_grads),
                      non_finite_weights=[param.name for param in bad if param.requires_grad],
                      non_finite_statistics=[param.name for param in bad if not param.requires_grad])
+
+
+def replay_micro_batches(net: nn.Cell, loss_fn: Callable, images: np.ndarray, labels: np.ndarray, *,
+                         parts: int = 1, loss_scale: float = 1.0) -> Tuple[NonFinite, str]:
+    """A step's batch replayed micro-batch by micro-batch, as the step splits it, until one is not
+    finite: that one's result (else the last's), and which micro-batch it was ('' for one)."""
+    for part, (image_part, label_part) in enumerate(zip(np.split(images, parts), np.split(labels, parts)), 1):
+        result = replay_step(net, loss_fn, image_part, label_part, loss_scale)
+        if not result.finite or part == parts:
+            return result, (f"micro-batch {part} of {parts}" if parts > 1 else "")
+    raise ValueError("parts must be >= 1")
 
 
 def write_replay(result: NonFinite, folder: str, name: str = "nonfinite.json") -> str:

@@ -6,10 +6,13 @@ update and the weight EMA.
 
 Everything happens inside the graph, so sink mode keeps one device call per sink. The cell
 returns `(loss, overflow, loss_scale)`, as MindSpore's loss-scaling cells do: `overflow` is True
-when the step's gradients were not finite and the update was skipped. A dynamic loss scale then
-shrinks; otherwise the divergence guard counts the step, and since the weights are still those
-before it, the step can be replayed exactly to find where it went non-finite (train.py). (Skipping
-costs one finiteness check of the gradients per step; applying NaN gradients would lose the weights.)
+when the step's gradients were not finite and the update was skipped: weights, optimizer state, EMA
+and the BatchNorm statistics its forward pass moved are as before it (the statistics are read at
+the start of every step, a few thousand values). A dynamic loss scale then shrinks; otherwise the
+divergence guard counts the step, and since the state is still that before it, the step can be
+replayed exactly to find where it went non-finite (train.py). A skipped step does not advance the
+optimizer's lr schedule (as with the dynamic scale before). (Skipping costs one finiteness check of
+the gradients per step; applying NaN gradients would lose the weights.)
 A step that clips returns the gradients' global norm before clipping as a fourth output.
 
 Accumulation: one call receives `accumulation_steps` micro-batches stacked into one batch, runs
@@ -33,6 +36,8 @@ _scale = ops.MultitypeFuncGraph("scale")
 _square_sum = ops.MultitypeFuncGraph("square_sum")
 _finite = ops.MultitypeFuncGraph("finite")
 _ema = ops.MultitypeFuncGraph("ema")
+_read = ops.MultitypeFuncGraph("read")
+_restore = ops.MultitypeFuncGraph("restore")
 
 
 @_add.register("Tensor", "Tensor")
@@ -53,6 +58,16 @@ def _square_sum_tensor(grad):
 @_finite.register("Tensor")
 def _finite_tensor(grad):
     return ops.isfinite(grad).all()
+
+
+@_read.register("Tensor")
+def _read_tensor(param):
+    return param * 1  # its value now, before the forward pass moves it
+
+
+@_restore.register("Tensor", "Tensor")
+def _restore_tensor(param, value):
+    return ops.assign(param, value)
 
 
 @_ema.register("Tensor", "Tensor", "Tensor")
@@ -153,6 +168,8 @@ class TrainStep(nn.Cell):
         if self.reduce:
             self.reducer = nn.DistributedGradReducer(self.weights, ms.get_auto_parallel_context("gradients_mean"),
                                                      get_group_size())
+        # BatchNorm's statistics: the forward pass moves them; a skipped step puts them back.
+        self.statistics = ParameterTuple([p for p in net.get_parameters() if not p.requires_grad])
         self.use_ema = ema is not None
         if self.use_ema:
             raw = list(net.get_parameters())
@@ -215,6 +232,7 @@ class TrainStep(nn.Cell):
         images, labels = self.input_stage(*columns)  # no weights: outside the gradient
         scale = self.scale_sense * 1  # this step's scale, read before a dynamic update changes it
         step = self.train_steps * 1 if self.use_ema else 0
+        statistics = self.hyper_map(_read, self.statistics) if self.statistics else ()
         loss, grads = self.gradients(images, labels, scale)
         if self.reduce:
             grads = self.reducer(grads)  # once per optimizer step, also with accumulation
@@ -228,6 +246,8 @@ class TrainStep(nn.Cell):
             grads, norm = self.clip_by_global_norm(grads)
         if not overflow:
             loss = ops.depend(loss, self.apply(grads, step))
+        elif self.statistics:
+            loss = ops.depend(loss, self.hyper_map(_restore, self.statistics, statistics))
         if self.use_ema:
             loss = ops.depend(loss, ops.assign_add(self.train_steps, Tensor(1, ms.int32)))
         if self.clip:
