@@ -127,11 +127,13 @@ def host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
     recipe, normalization = data_recipe(cfg), normalization_of(cfg.dataset)
     found: List[Tuple[np.ndarray, np.ndarray]] = []
     with tempfile.TemporaryDirectory() as scratch:
-        per_epoch = create_train_dataset(cfg, rank, group_size, scratch).get_dataset_size()
+        batches = create_train_dataset(cfg, rank, group_size, scratch)
+        per_epoch = batches.get_dataset_size()
         epoch, skip = divmod(first, per_epoch)
         count = per_epoch - skip if count is None else count
         while len(found) < count:
-            batches = create_train_dataset(cfg, rank, group_size, scratch, start_epoch=epoch, skip_batches=skip)
+            if (epoch, skip) != (0, 0):
+                batches = create_train_dataset(cfg, rank, group_size, scratch, start_epoch=epoch, skip_batches=skip)
             iterator = batches.create_tuple_iterator(num_epochs=1, output_numpy=True)
             for columns in iterator:
                 images, labels, erase, mix = (list(columns) + [None, None])[:4]
@@ -141,6 +143,7 @@ def host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
                     break
             iterator.stop()
             epoch, skip = epoch + 1, 0
+            batches = None  # the next epoch is a new pipeline
     return found
 
 
@@ -562,18 +565,14 @@ PICTURE_IMAGES = 32
 
 
 def first_batch(cfg: Config, rank: int, group_size: int) -> Tuple[np.ndarray, np.ndarray]:
-    """The first training batch after the whole recipe (policies, erasing, mixing: the training
-    graph's own input stage), back in uint8 RGB pixels [N, H, W, 3], with its targets. Read from a
-    second pipeline: every draw is a function of (seed, epoch, index), so it is the training's batch
-    (its unreadable samples, replaced the same way, are recorded by the training's own pipeline)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        batches = create_train_dataset(cfg, rank, group_size, scratch).create_tuple_iterator(num_epochs=1)
-        columns = next(batches)
-        batches.stop()  # its workers end here
-    images, targets = create_train_input_stage(cfg.dataset, data_recipe(cfg), cfg.class_num)(*columns)
+    """The first training batch after the whole recipe (policies, erasing, mixing), back in uint8 RGB
+    pixels [N, H, W, 3], with its targets. Read from a second pipeline: every draw is a function of
+    (seed, epoch, index), so it is the training's batch (its unreadable samples, replaced the same
+    way, are recorded by the training's own pipeline)."""
+    images, targets = host_batches(cfg, rank, group_size, first=0, count=1)[0]
     shift, scale = normalization_of(cfg.dataset).shift_and_scale()
-    pixels = images.asnumpy()[:PICTURE_IMAGES].transpose(0, 2, 3, 1) / scale + shift
-    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8), targets.asnumpy()[:PICTURE_IMAGES]
+    pixels = images[:PICTURE_IMAGES].transpose(0, 2, 3, 1) / scale + shift
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8), targets[:PICTURE_IMAGES]
 
 
 def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, writer: bool, group_size: int,

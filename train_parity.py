@@ -533,14 +533,16 @@ def learn_one_seed(cfg: Config, args: argparse.Namespace, evaluation: Batch, log
     seed_everything(cfg.seed)
     torch.manual_seed(cfg.seed)
     net, model, _ = create_sides(cfg, args)
-    per_epoch = len(host_batches(cfg, 0, 1, first=0, count=None))
+    first_epoch = host_batches(cfg, 0, 1, first=0, count=None)
+    per_epoch = len(first_epoch)
     lrs = create_schedule(cfg, per_epoch)
     step_cell = create_train_step(cfg, net, lrs, ema=None, input_stage=ReadyInput())
     side = TorchSide.create(model, torch_recipe(cfg, None))
     curves: Dict[str, List[float]] = {"mindspore": [], "torch": []}
     for epoch in range(cfg.epoch_size):
         step_cell.set_train(True)
-        for index, (images, labels) in enumerate(host_batches(cfg, 0, 1, first=epoch * per_epoch, count=None)):
+        batches = first_epoch if epoch == 0 else host_batches(cfg, 0, 1, first=epoch * per_epoch, count=None)
+        for index, (images, labels) in enumerate(batches):
             side.step(images, labels, float(lrs[epoch * per_epoch + index]))
             step_cell(ms.Tensor(images), ms.Tensor(labels))
         net.set_train(False)

@@ -169,7 +169,8 @@ class TrainStep(nn.Cell):
             self.reducer = nn.DistributedGradReducer(self.weights, ms.get_auto_parallel_context("gradients_mean"),
                                                      get_group_size())
         # BatchNorm's statistics: the forward pass moves them; a skipped step puts them back.
-        self.statistics = ParameterTuple([p for p in net.get_parameters() if not p.requires_grad])
+        self.statistics = ParameterTuple([stat for _, cell in net.cells_and_names() if isinstance(cell, nn.BatchNorm2d)
+                                          for stat in (cell.moving_mean, cell.moving_variance)])
         self.use_ema = ema is not None
         if self.use_ema:
             raw = list(net.get_parameters())
