@@ -626,24 +626,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"floor says something; a larger batch or image, or a lower lr_max, calms it")
     compared = tables["gradients"] + tables["weights"]
     worst = max(compared, key=lambda r: r["ratio"] if r["ratio"] != "" else float("inf"))
-    ok = first_bad is None
+    beyond = [f"{r['what']}: {r['name']}" for r in compared if not r["within"]]
+    ok = first_bad is None and not beyond  # every row written, the final and EMA weights too
     summary = {
         "ok": ok, "arch": cfg.net_name, "steps": len(batches), "mode": "PYNATIVE" if args.pynative else "GRAPH",
         "multiple": args.multiple, "first_bad_step": first_bad,
         "first_difference": differing.name if differing else None,
         "max_loss_ratio": max(r["ratio"] for r in tables["steps"]),
         "worst_tensor": f"{worst['what']}: {worst['name']}", "worst_tensor_ratio": worst["ratio"],
-        "tensors_within": sum(bool(r["within"]) for r in compared), "tensors": len(compared),
+        "tensors_within": len(compared) - len(beyond), "tensors": len(compared), "tensors_beyond": beyond[:20],
         "final_loss": {"mindspore": tables["steps"][-1]["loss_mindspore"],
                        "torch": tables["steps"][-1]["loss_torch"]},
         "output_dir": out}
     if ok:
         log(f"train parity: OK: {len(batches)} steps, every loss within {args.multiple:g} x its float32 floor "
-            f"(largest {summary['max_loss_ratio']:.2f} x), {summary['tensors']} gradients/weights/states within")
+            f"(largest {summary['max_loss_ratio']:.2f} x), {summary['tensors_within']} of {summary['tensors']} "
+            f"gradients/weights/states within")
+    elif first_bad is None:  # every loss within, but a later weight, EMA or state is not
+        log(f"train parity: FAIL: every loss within, but {len(beyond)} of {len(compared)} gradients/weights/states "
+            f"beyond {args.multiple:g} x their floor: {', '.join(beyond[:5])}" + (" ..." if len(beyond) > 5 else "")
+            + " (see weights.csv)")
     else:
         where = (f"first layer that differs: {differing.name} ({differing.kind}; {differing.worst()})" if differing
                  else "no single layer differs on its own (see layers.csv)")
-        log(f"train parity: FAIL from step {first_bad}; {where}")
+        log(f"train parity: FAIL from step {first_bad}; {where}; {len(beyond)} of {len(compared)} "
+            f"gradients/weights/states beyond")
     print(json.dumps(json_safe(summary), allow_nan=False), flush=True)
     return 0 if ok else 1
 

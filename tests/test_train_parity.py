@@ -25,6 +25,8 @@ SMALL = ["--config_path", "config/resnet18_cifar10.yaml", "--device_target", "CP
          "--batch_size", "8", "--num_parallel_workers", "1", "--lr_max", "0.01", "--warmup_epochs", "1",
          "--epoch_size", "3"]
 PLANTED = '''
+import torch
+
 from src.migration import torch_resnet
 
 
@@ -33,6 +35,26 @@ def resnet18_planted(num_classes=1000):
     model = torch_resnet.resnet18(num_classes)
     model.layer2[0].bn1.eps = 1e-2
     model.layer3[1].bn2.momentum = 0.5
+    return model
+
+
+class LateBiasGradient(torch.nn.Linear):
+    """A Linear whose bias gradient is scaled by 1.5 from its second forward on: the loss and every
+    step-1 tensor agree, only the weights after step 2 (fc.bias) differ."""
+
+    calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        bias = self.bias if self.calls < 2 else self.bias * 1.5 - self.bias.detach() * 0.5
+        return torch.nn.functional.linear(x, self.weight, bias)
+
+
+def resnet18_late_bias(num_classes=1000):
+    model = torch_resnet.resnet18(num_classes)
+    late = LateBiasGradient(model.fc.in_features, model.fc.out_features)
+    late.load_state_dict(model.fc.state_dict())
+    model.fc = late
     return model
 
 
@@ -126,6 +148,19 @@ def test_planted_batchnorm_epsilon_and_momentum_are_found_and_named(cifar_dir, t
     assert leaves == {"layer2.0.bn1", "layer3.1.bn2"}
     momentum_row = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer3.1.bn2")
     assert float(momentum_row["running_mean_ratio"]) > 1e3 and float(momentum_row["output_ratio"]) < 30
+
+
+def test_a_difference_only_in_the_final_weights_fails_and_is_named(cifar_dir, tmp_path):
+    """Every loss and step-1 tensor agree; only fc.bias after step 2 does not: the verdict must say FAIL."""
+    out = tmp_path / "out"
+    result, report = parity(cifar_dir, out, "--steps", "2", "--torch_model", "planted:resnet18_late_bias",
+                            env=planted_env(tmp_path))
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report["ok"] is False and report["first_bad_step"] is None
+    assert report["tensors_beyond"] == ["after step 2: fc.bias"]
+    assert report["tensors_within"] == report["tensors"] - 1
+    beyond = [r for r in rows(out / "weights.csv") if r["within"] != "True"]
+    assert [(r["what"], r["name"]) for r in beyond] == [("after step 2", "fc.bias")]
 
 
 def test_a_planted_convolution_padding_in_resnext_is_found(cifar_dir, tmp_path):
