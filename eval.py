@@ -25,6 +25,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from src.config import Config, load_config
+from src.cpu_convolution import choose_convolutions
+from src.cpu_convolution import set_threads as set_convolution_threads
 from src.data.host_stage import normalization_of
 from src.dataset import create_eval_dataset
 from src.deploy.inference import ExportedModel
@@ -76,9 +78,9 @@ def model_file_predictor(cfg: Config) -> Callable[[np.ndarray], np.ndarray]:
     return run
 
 
-def load_network(cfg: Config, rank: int):
+def load_network(cfg: Config, rank: int, convolutions: str = "mindspore"):
     """The checkpoint's network (its summary printed first with --summary True)."""
-    net = create_model(cfg.net_name, num_classes=cfg.class_num)
+    net = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
     load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
                       use_ema=cfg.use_ema)
     if cfg.summary and rank == 0:
@@ -92,16 +94,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="eval.py")
     check_request(cfg)
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
-    init_device(cfg.device_target, mode_name=cfg.mode_name,
-                device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
-                processes_per_node=local_ranks)
+    convolutions, convolutions_note = choose_convolutions(cfg.cpu_convolution, device_target=cfg.device_target)
+    threads = init_device(cfg.device_target, mode_name=cfg.mode_name,
+                          device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
+                          processes_per_node=local_ranks, cap_cpu_isa=convolutions == "mindspore")
+    if convolutions != "mindspore":
+        set_convolution_threads(threads)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
-    for note in cfg.notes + ([workers_note] if workers_note else []):
+    for note in cfg.notes + [line for line in (workers_note, convolutions_note) if line]:
         print(note, flush=True)
     dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size)
     run = model_file_predictor(cfg) if cfg.model_file else None
-    net = None if run else load_network(cfg, rank)
+    net = None if run else load_network(cfg, rank, convolutions)
     report = None
     if cfg.report_dir:
         result, report = evaluate_with_report(net, dataset, num_classes=cfg.class_num, group_size=group_size,

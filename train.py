@@ -18,6 +18,8 @@ import numpy as np
 from mindspore.train import Model
 
 from src.config import Config, load_config, read_yaml, run_dir, save_config
+from src.cpu_convolution import choose_convolutions
+from src.cpu_convolution import set_threads as set_convolution_threads
 from src.data.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
 from src.data.host_stage import host_input_stage
 from src.data.image_decode import partial_decoder
@@ -172,13 +174,13 @@ def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
         gamma=cfg.lr_decay_factor, power=cfg.lr_poly_power)
 
 
-def create_network(cfg: Config, log=print):
+def create_network(cfg: Config, log=print, convolutions: str = "mindspore"):
     if cfg.freeze_backbone and not cfg.pre_trained:
         raise UserInputError("freeze_backbone True trains only the head on top of pre-trained features; pass "
                              "--pre_trained CKPT (with --filter_weight True for another class_num)")
     net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
                        dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual,
-                       freeze_bn=cfg.freeze_bn, freeze_backbone=cfg.freeze_backbone)
+                       freeze_bn=cfg.freeze_bn, freeze_backbone=cfg.freeze_backbone, convolutions=convolutions)
     if cfg.pre_trained:
         skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
                                   filter_weight=cfg.filter_weight,
@@ -332,9 +334,9 @@ def check_boost_mode(boost_mode: str) -> str:
     return boost_mode
 
 
-def create_ema_twin(cfg: Config):
+def create_ema_twin(cfg: Config, convolutions: str = "mindspore"):
     """A second network, in the same precision, that evaluation loads the EMA weights into."""
-    twin = create_model(cfg.net_name, num_classes=cfg.class_num)
+    twin = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
     mixed_precision_network(twin, resolve_amp_level(cfg.amp_level, cfg.device_target))
     return twin
 
@@ -342,7 +344,7 @@ def create_ema_twin(cfg: Config):
 def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, writer: bool, group_size: int,
                      steps_per_epoch: int, lrs: np.ndarray, first_step: int, eval_dataset,
                      record: Optional[RunRecord], board: Optional[Board], log, bad_samples,
-                     argv: Sequence[str], local_ranks: int = 1) -> list:
+                     argv: Sequence[str], local_ranks: int = 1, convolutions: str = "mindspore") -> list:
     """Logging, evaluation, checkpoints, the run record and profiling; files from the `writer`
     ranks only (rank 0, or each node's first rank with node-local storage).
     The step clock's two halves enclose the rest (the time between them is the wait for data);
@@ -364,7 +366,7 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
                               bad_samples=bad_samples.count if bad_samples else None, clock=clock,
                               input_bound_hints=hints, sink_queue=real_sink(cfg))]
     if eval_dataset is not None:
-        callbacks.append(EvalMonitor(net=net, ema_net=create_ema_twin(cfg) if cfg.model_ema else None,
+        callbacks.append(EvalMonitor(net=net, ema_net=create_ema_twin(cfg, convolutions) if cfg.model_ema else None,
                                      ema_params=ema_params, dataset=eval_dataset, num_classes=cfg.class_num,
                                      group_size=group_size, epoch_size=cfg.epoch_size, steps_per_epoch=steps_per_epoch,
                                      eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
@@ -430,21 +432,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_step_keys(cfg)
     check_output_storage(cfg.output_storage)
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
-    init_device(cfg.device_target, mode_name=cfg.mode_name,
-                device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
-                processes_per_node=local_ranks)
+    convolutions, convolutions_note = choose_convolutions(
+        cfg.cpu_convolution, device_target=cfg.device_target,
+        amp_level=resolve_amp_level(cfg.amp_level, cfg.device_target), optimizer=cfg.optimizer)
+    threads = init_device(cfg.device_target, mode_name=cfg.mode_name,
+                          device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
+                          processes_per_node=local_ranks, cap_cpu_isa=convolutions == "mindspore")
+    if convolutions != "mindspore":
+        set_convolution_threads(threads)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     seed_everything(cfg.seed)
     folder = run_dir(cfg)
     writer = writes_run_folder(rank, local_ranks, cfg.output_storage)
     log = print if rank == 0 else (lambda message: print(f"[rank {rank}] {message}", flush=True))
     cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
-    for note in cfg.notes + ([workers_note] if workers_note else []):
+    for note in cfg.notes + [line for line in (workers_note, convolutions_note) if line]:
         log(note)
     if cfg.check_data and rank == 0:
         check_data(cfg, log)
 
-    net = create_network(cfg, log)
+    net = create_network(cfg, log, convolutions)
     split_points = fusion_points(cfg, net) if group_size > 1 else []
     if group_size > 1:
         set_data_parallel(group_size, split_points)
@@ -491,7 +498,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  group_size=group_size,
                                  steps_per_epoch=steps_per_epoch, lrs=lrs, first_step=first_step,
                                  eval_dataset=eval_dataset, record=record, board=board, log=log,
-                                 bad_samples=dataset.bad_samples, argv=argv, local_ranks=local_ranks)
+                                 bad_samples=dataset.bad_samples, argv=argv, local_ranks=local_ranks,
+                                 convolutions=convolutions)
 
     log(summary_line(cfg.net_name, dict(counted, checkpoint_mb=parameter_bytes(model.train_network) / 2**20),
                      "training checkpoint (weights and optimizer state)"))

@@ -38,6 +38,8 @@ import numpy as np
 from mindspore import nn, ops
 
 from src.config import Config, load_config
+from src.cpu_convolution import choose_convolutions, use_onednn_convolutions
+from src.cpu_convolution import set_threads as set_convolution_threads
 from src.data.host_stage import host_normalize, normalization_of
 from src.dataset import create_eval_dataset
 from src.device import init_device
@@ -247,7 +249,7 @@ def load_torch_state(net, state: Dict[str, object]) -> None:
 def create_sides(cfg: Config, args: argparse.Namespace):
     """The MindSpore network and the PyTorch model, holding one initial state."""
     net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init, dense_init=cfg.dense_init,
-                       zero_init_residual=cfg.zero_init_residual)
+                       zero_init_residual=cfg.zero_init_residual, convolutions=args.convolutions)
     spec, factory = resolve_factory(args.torch_model or f"src.migration.torch_resnet:{cfg.net_name}", cfg.net_name)
     state = read_pth_state(args.pth) if args.pth else torch_state_of(net)
     model = build_torch_model(spec, factory, state, cfg.class_num).train()
@@ -454,6 +456,8 @@ def compare_layers(cfg: Config, args: argparse.Namespace, model, state, batch: B
     layer_model = copy.deepcopy(model)
     layer_model.load_state_dict(state)
     net = create_model(cfg.net_name, num_classes=cfg.class_num)
+    if args.convolutions != "mindspore":  # the run's convolutions, the image's gradient too (it is compared)
+        use_onednn_convolutions(net, image_gradient=True)
     load_torch_state(net, layer_model.state_dict())
     images, labels = batch
     part = len(images) // cfg.grad_accumulation_steps
@@ -491,7 +495,7 @@ def save_final(folder: str, net, step_cell, model_state) -> None:
 
 def find_nonfinite(cfg: Config, args: argparse.Namespace, log) -> int:
     """Replay global step --step's batch on --ckpt and say where it first goes non-finite."""
-    net = create_model(cfg.net_name, num_classes=cfg.class_num)
+    net = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=args.convolutions)
     load_into_network(net, args.ckpt, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
     mixed_precision_network(net, resolve_amp_level(cfg.amp_level, cfg.device_target))
     batch = (read_batches(args.batches, 1, cfg, first=args.step - 1) if args.batches
@@ -587,7 +591,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     check_request(args, cfg)
     log = print
-    init_device(cfg.device_target, mode_name="PYNATIVE" if args.pynative or args.find_nonfinite else "GRAPH")
+    # The convolutions the run would use (float32 here: the comparison is float32's, see below).
+    args.convolutions, note = choose_convolutions(cfg.cpu_convolution, device_target=cfg.device_target,
+                                                  optimizer=cfg.optimizer)
+    threads = init_device(cfg.device_target, cap_cpu_isa=args.convolutions == "mindspore",
+                          mode_name="PYNATIVE" if args.pynative or args.find_nonfinite else "GRAPH")
+    if args.convolutions != "mindspore":
+        set_convolution_threads(threads)
+    log(f"convolutions: {args.convolutions}" + (f" ({note})" if note else ""))
     seed_everything(cfg.seed)
     os.makedirs(args.output_dir, exist_ok=True)
     if args.find_nonfinite:  # in the run's own precision

@@ -52,9 +52,12 @@ stamp_of() {
 }
 STAMP="$VENV/.installed-$(basename "$REQUIREMENTS")"
 WANTED=$(stamp_of "$REQUIREMENTS" | sha256sum | cut -d' ' -f1)
-if [[ -f $STAMP && $(cat "$STAMP") == "$WANTED" ]]; then
-    exit 0
+if [[ ! -f $STAMP || $(cat "$STAMP") != "$WANTED" ]]; then
+    echo "installing $(basename "$REQUIREMENTS") into $VENV"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQUIREMENTS"
+    echo "$WANTED" > "$STAMP"
 fi
-echo "installing $(basename "$REQUIREMENTS") into $VENV"
-"$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQUIREMENTS"
-echo "$WANTED" > "$STAMP"
+
+# This repository's CPU convolutions (src/cpu_convolution), against the oneDNN just installed: built
+# when missing or older than their source. Without g++ training uses MindSpore's convolutions.
+bash "$ROOT/src/cpu_convolution/native/build.sh" "$VENV" || true

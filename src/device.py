@@ -49,21 +49,24 @@ def cap_workers(requested: int, local_ranks: int = 1) -> Tuple[int, Optional[str
 
 
 def init_device(device_target: str, *, device_id: Optional[int] = 0, mode_name: str = "GRAPH",
-                processes_per_node: int = 1, cpu_threads: int = 0) -> None:
+                processes_per_node: int = 1, cpu_threads: int = 0, cap_cpu_isa: bool = True) -> int:
     """Select the execution mode and device; a device this machine lacks is a clear error.
 
     On CPU, the kernels get one thread per available core, shared among `processes_per_node`
     ranks, unless `cpu_threads` > 0 or OMP_NUM_THREADS says otherwise (the usual way to give a
     process its share of a shared host): MindSpore's default of 25 threads oversubscribes small
     machines (ResNet50 training at batch 8 ran at 3.3 img/s with it, 4.3 img/s with 2 threads
-    on 2 cores). MindSpore accepts this once per process."""
+    on 2 cores). MindSpore accepts this once per process. `cap_cpu_isa` False leaves MindSpore's
+    oneDNN uncapped (see prefer_fast_cpu_convolutions): right when none of its convolutions run
+    (src/cpu_convolution's replace them), and its pooling then runs AVX-512 kernels. Returns the
+    CPU kernel threads (0 on other devices)."""
     if device_target not in DEVICE_TARGETS:
         raise UserInputError(f"unknown device_target '{device_target}'; choose one of {', '.join(DEVICE_TARGETS)}")
     if mode_name not in MODES:
         raise UserInputError(f"unknown mode_name '{mode_name}'; choose GRAPH or PYNATIVE")
-    if device_target == "CPU":
+    if device_target == "CPU" and cap_cpu_isa:
         prefer_fast_cpu_convolutions()
-    elif not ms.hal.is_available(device_target):
+    elif device_target != "CPU" and not ms.hal.is_available(device_target):
         raise UserInputError(f"device_target {device_target} is not available on this machine (no "
                              f"{device_target} device or MindSpore {device_target} package); "
                              f"use --device_target CPU")
@@ -75,3 +78,5 @@ def init_device(device_target: str, *, device_id: Optional[int] = 0, mode_name: 
     if device_target == "CPU":
         threads = cpu_threads or threads_from_environment() or max(1, available_cores() // max(1, processes_per_node))
         ms.device_context.cpu.op_tuning.threads_num(threads)
+        return threads
+    return 0

@@ -17,6 +17,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import initializer as init
 
+from src.cpu_convolution import IMPLEMENTATIONS, use_onednn_convolutions
 from src.errors import UserInputError
 
 
@@ -378,13 +379,18 @@ def _torchvision_family(net_name: str, num_classes: int) -> ResNet:
 
 def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "kaiming_normal",
                  dense_init: str = "default", zero_init_residual: bool = False,
-                 freeze_bn: bool = False, freeze_backbone: bool = False) -> Classifier:
+                 freeze_bn: bool = False, freeze_backbone: bool = False,
+                 convolutions: str = "mindspore") -> Classifier:
     """Build a network by name: a key of ARCHS ('resnet18' ... 'wide_resnet101_2') or the zoo's
-    'se-resnet50'."""
+    'se-resnet50'. `convolutions`: 'mindspore' (nn.Conv2d as it is), or on CPU this repository's
+    oneDNN kernels, 'onednn' (float32) or 'onednn-bf16' (see src/cpu_convolution and
+    src.cpu_convolution.choose_convolutions); the parameters are the same either way."""
     if net_name not in NET_NAMES:
         raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(NET_NAMES)}")
     if conv_init not in CONV_INITS:
         raise UserInputError(f"unknown conv_init '{conv_init}'; choose one of {', '.join(CONV_INITS)}")
+    if convolutions not in IMPLEMENTATIONS:
+        raise UserInputError(f"unknown convolutions '{convolutions}'; choose one of {', '.join(IMPLEMENTATIONS)}")
     if dense_init not in DENSE_INITS:
         raise UserInputError(f"unknown dense_init '{dense_init}'; choose one of {', '.join(DENSE_INITS)}")
     net = SEResNet50(num_classes) if net_name == "se-resnet50" else _torchvision_family(net_name, num_classes)
@@ -393,4 +399,6 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
         freeze_batch_norm(net)
     if freeze_backbone:
         train_head_only(net)
+    if convolutions != "mindspore":
+        use_onednn_convolutions(net, bf16=convolutions == "onednn-bf16")
     return net

@@ -1,0 +1,53 @@
+"""Convolutions on CPU through a private oneDNN (native/onednn_conv.cpp), chosen by `cpu_convolution`.
+
+MindSpore's CPU convolutions hand oneDNN plain NCHW tensors; these kernels let oneDNN choose its
+blocked layouts (reordering MindSpore's NCHW tensors in and out) and cache a primitive per shape.
+Weights stay ordinary NCHW Parameters, so checkpoints, conversion and export are unchanged."""
+from typing import Optional, Tuple
+
+from src.cpu_convolution.cells import OneDnnConv2d, use_onednn_convolutions
+from src.cpu_convolution.library import set_threads, unavailable_reason
+from src.errors import UserInputError
+
+CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")
+# What create_model's `convolutions` takes: MindSpore's, ours in float32, ours in bfloat16.
+IMPLEMENTATIONS = ("mindspore", "onednn", "onednn-bf16")
+
+__all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "choose_convolutions", "cpu_has_amx_bf16",
+           "set_threads", "unavailable_reason", "use_onednn_convolutions"]
+
+
+def cpu_has_amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 in AMX tiles (where bf16 convolutions beat float32)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as handle:
+            return any(line.startswith("flags") and "amx_bf16" in line.split() for line in handle)
+    except OSError:
+        return False
+
+
+def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0",
+                        optimizer: str = "Momentum") -> Tuple[str, Optional[str]]:
+    """The implementation for `cpu_convolution` (one of IMPLEMENTATIONS) and a line for the log
+    (None when there is nothing to say). Only CPU uses ours; `onednn` where it cannot run is an error,
+    `auto` then falls back to MindSpore's and says why. With amp on (amp_level != O0) ours computes
+    in bfloat16 on CPUs with AMX, else stays float32."""
+    if choice not in CPU_CONVOLUTIONS:
+        raise UserInputError(f"unknown cpu_convolution '{choice}'; choose one of {', '.join(CPU_CONVOLUTIONS)}")
+    if device_target != "CPU" or choice == "mindspore":
+        return "mindspore", None
+    if optimizer == "Thor":  # THOR replaces the Conv2d cells with its own
+        reason = "optimizer Thor replaces the convolution cells with its own"
+    else:
+        reason = unavailable_reason()
+    if reason:
+        if choice == "onednn":
+            raise UserInputError(f"cpu_convolution onednn cannot run: {reason}; or use --cpu_convolution mindspore")
+        return "mindspore", f"cpu_convolution auto: MindSpore's CPU convolutions, because {reason}"
+    if amp_level == "O0":
+        return "onednn", None
+    if cpu_has_amx_bf16():
+        return "onednn-bf16", (f"amp_level {amp_level} on CPU: the convolutions compute in bfloat16 (AMX) with "
+                               f"float32 weights and gradients")
+    return "onednn", (f"amp_level {amp_level} on CPU: the convolutions stay float32 (this CPU has no AMX, "
+                      f"where bfloat16 convolutions are slower than float32)")
