@@ -17,7 +17,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import initializer as init
 
-from src.cpu_convolution import IMPLEMENTATIONS, use_onednn_convolutions
+from src.cpu_convolution import IMPLEMENTATIONS, use_onednn_layers
 from src.errors import UserInputError
 
 
@@ -150,9 +150,14 @@ class Classifier(nn.Cell):
         self.mean = ops.ReduceMean(keep_dims=False)
         self.fc = nn.Dense(features, num_classes)
         self.backbone_frozen = False  # set by train_head_only; a constant of the compiled graph
+        # src.cpu_convolution.use_onednn_layers sets a cell here: the features come out of a blocked layout.
+        self.features_to_plain = None
 
     def construct(self, x):
-        features = self.mean(self.forward_features(x), (2, 3))
+        features = self.forward_features(x)
+        if self.features_to_plain is not None:
+            features = self.features_to_plain(features)
+        features = self.mean(features, (2, 3))
         if self.backbone_frozen:
             # Cut here, so the backward pass ends at the head instead of crossing the backbone.
             features = ops.stop_gradient(features)
@@ -400,5 +405,5 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
     if freeze_backbone:
         train_head_only(net)
     if convolutions != "mindspore":
-        use_onednn_convolutions(net, bf16=convolutions == "onednn-bf16")
+        use_onednn_layers(net, bf16=convolutions == "onednn-bf16")
     return net

@@ -1,12 +1,223 @@
-"""CPU training must not fall into oneDNN's reference convolution (see src/device.py)."""
+"""CPU convolutions: this repository's oneDNN kernels (src/cpu_convolution) equal MindSpore's, are
+chosen as the config says, build or say why not; MindSpore's own never fall into oneDNN's reference
+kernel (src/device.py)."""
 import os
+import shutil
+import subprocess
 
+import mindspore as ms
+import numpy as np
 import pytest
+from mindspore import Tensor, nn
 
-from conftest import PYTHON, run
+from conftest import PYTHON, REPO, run
+from src.cpu_convolution import (
+    OneDnnConv2d,
+    choose_convolutions,
+    cpu_has_amx_bf16,
+    library,
+    unavailable_reason,
+    use_onednn_convolutions,
+    use_onednn_layers,
+)
+from src.cpu_convolution.cells import OneDnnBatchNorm2d, OneDnnMaxPool
 from src.data.sample_data import write_sample_data
+from src.errors import UserInputError
+from src.resnet import create_model
 
-pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
+needs_library = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+# Every kind of convolution the family has: 1x1, 3x3, the 7x7/2 stem, strided 1x1 and 3x3, grouped
+# (ResNeXt), the zoo's 'same' padding at stride 2 (SE-ResNet50's stem), dilation and a bias.
+SHAPES = [
+    dict(cin=16, cout=32, k=1, stride=1), dict(cin=16, cout=16, k=3, stride=1), dict(cin=3, cout=16, k=7, stride=2),
+    dict(cin=32, cout=64, k=1, stride=2), dict(cin=32, cout=32, k=3, stride=2), dict(cin=64, cout=64, k=3, group=32),
+    dict(cin=8, cout=16, k=3, stride=2, pad_mode="same"), dict(cin=16, cout=16, k=3, dilation=2),
+    dict(cin=16, cout=8, k=3, bias=True),
+]
+
+
+def conv_pair(cin, cout, k, stride=1, group=1, pad_mode="pad", dilation=1, bias=False):
+    """MindSpore's Conv2d and ours with the same weights."""
+    def make():
+        padding = dilation * (k // 2) if pad_mode == "pad" else 0
+        return nn.Conv2d(cin, cout, k, stride=stride, pad_mode=pad_mode, padding=padding, dilation=dilation,
+                         group=group, has_bias=bias, bias_init="normal")
+    theirs, ours = make(), make()
+    for a, b in zip(theirs.get_parameters(), ours.get_parameters()):
+        b.set_data(a.data.copy())
+    return theirs, ours
+
+
+class Wrapped(nn.Cell):
+    """A convolution behind a first one, so the one under test is not the network's image input."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.first = nn.Conv2d(conv.in_channels, conv.in_channels, 1, has_bias=False, weight_init="ones")
+        self.conv = conv
+
+    def construct(self, x):
+        return self.conv(self.first(x))
+
+
+def values_and_gradients(net, x, dy):
+    def objective(x):
+        return (net(x) * dy).sum()
+    dx, weight_gradients = ms.grad(objective, grad_position=0, weights=net.conv.trainable_params())(x)
+    return net(x).asnumpy(), [dx.asnumpy()] + [g.asnumpy() for g in weight_gradients]
+
+
+def relative(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@needs_library
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_forward_and_both_gradients_equal_mindspores_at_float32_rounding(shape):
+    theirs, ours = conv_pair(**shape)
+    ours_net, theirs_net = Wrapped(ours), Wrapped(theirs)
+    ours_net.first.weight.set_data(theirs_net.first.weight.data.copy())
+    assert use_onednn_convolutions(ours_net, image_gradient=True) == 2
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((2, shape["cin"], 15, 15)).astype(np.float32))
+    dy = Tensor(rng.standard_normal(theirs_net(x).shape).astype(np.float32))
+    y_theirs, grads_theirs = values_and_gradients(theirs_net, x, dy)
+    y_ours, grads_ours = values_and_gradients(ours_net, x, dy)
+    assert y_ours.shape == y_theirs.shape
+    assert relative(y_ours, y_theirs) < 1e-5
+    assert len(grads_ours) == len(grads_theirs) == 2 + shape.get("bias", False)  # dx, dW (and the bias)
+    for mine, reference in zip(grads_ours, grads_theirs):
+        assert relative(mine, reference) < 1e-5
+
+
+@needs_library
+def test_the_image_gradient_is_skipped_unless_asked_and_names_stay():
+    plain, ours, asked = (create_model("resnet18", num_classes=10) for _ in range(3))
+    assert use_onednn_convolutions(ours) == use_onednn_convolutions(asked, image_gradient=True) == 20
+    assert [p.name for p in ours.get_parameters()] == [p.name for p in plain.get_parameters()]
+    x = Tensor(np.random.default_rng(1).standard_normal((2, 3, 32, 32)).astype(np.float32))
+    for net in (plain, ours, asked):
+        net.set_train(False)
+        ms.load_param_into_net(net, {p.name: p for p in plain.get_parameters()})
+
+    def input_gradient(net):
+        return ms.grad(lambda images: net(images).sum())(x).asnumpy()  # noqa: E731 (PYNATIVE)
+    assert not input_gradient(ours).any()
+    assert relative(input_gradient(asked), input_gradient(plain)) < 1e-4
+    assert relative(ours(x).asnumpy(), plain(x).asnumpy()) < 1e-5
+
+
+def training_step_values(net, images, labels):
+    """Loss, every trainable gradient and the moving statistics after one forward pass in training."""
+    net.set_train(True)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    value, grads = nn.ForwardValueAndGrad(nn.WithLossCell(net, loss), weights=net.trainable_params(),
+                                          get_by_list=True)(images, labels)
+    gradients = {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
+    statistics = {p.name: p.asnumpy().copy() for p in net.get_parameters() if "moving" in p.name}
+    return float(value.asnumpy()), gradients, statistics
+
+
+@needs_library
+@pytest.mark.parametrize("freeze_bn", [False, True], ids=["batch-statistics", "frozen-batchnorm"])
+def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(freeze_bn):
+    """Convolutions, BatchNorm and the stem's max pool in oneDNN's blocked layout: the loss, every
+    gradient, the moving statistics and the evaluation outputs equal MindSpore's as closely as our
+    NCHW convolutions alone do (two float32 computations of the same network; a defect is orders of
+    magnitude off). train_parity.py checks the same against PyTorch's float64 (test_train_parity.py)."""
+    ms.set_seed(5)
+    networks = [create_model("resnet18", num_classes=10, freeze_bn=freeze_bn, convolutions=kind)
+                for kind in ("mindspore", "mindspore", "onednn")]
+    reference, nchw, blocked = networks
+    use_onednn_convolutions(nchw)
+    assert isinstance(blocked.maxpool, OneDnnMaxPool) and isinstance(blocked.bn1, OneDnnBatchNorm2d)
+    assert [p.name for p in blocked.get_parameters()] == [p.name for p in reference.get_parameters()]
+    rng = np.random.default_rng(3)
+    state = {p.name: p.asnumpy().copy() for p in reference.get_parameters()}
+    for name in state:  # moving statistics away from 0 and 1, so that a wrong update shows
+        if "moving" in name:
+            state[name] = rng.uniform(0.5, 1.5, state[name].shape).astype(np.float32)
+    for net in networks:
+        ms.load_param_into_net(net, {name: ms.Parameter(Tensor(value), name=name) for name, value in state.items()})
+    images = Tensor(rng.standard_normal((8, 3, 64, 64)).astype(np.float32))
+    labels = Tensor(rng.integers(0, 10, 8).astype(np.int32))
+    (loss_reference, grads_reference, stats_reference), (_, grads_nchw, stats_nchw), \
+        (loss_blocked, grads_blocked, stats_blocked) = (training_step_values(net, images, labels) for net in networks)
+    assert abs(loss_blocked - loss_reference) < 1e-5 * abs(loss_reference)
+    assert grads_blocked.keys() == grads_reference.keys()
+    for name, gradient in grads_reference.items():
+        floor = max(relative(grads_nchw[name], gradient), 1e-6)
+        assert relative(grads_blocked[name], gradient) < 30 * floor, name
+    for name, values in stats_reference.items():
+        floor = max(relative(stats_nchw[name], values), 1e-6)
+        assert relative(stats_blocked[name], values) < 30 * floor, name
+    moved = [name for name in stats_reference if not np.allclose(stats_blocked[name], state[name])]
+    assert len(moved) == (0 if freeze_bn else len(stats_reference))
+    reference.set_train(False)
+    blocked.set_train(False)
+    assert relative(blocked(images).asnumpy(), reference(images).asnumpy()) < 1e-5
+
+
+@needs_library
+def test_networks_that_cannot_stay_blocked_get_our_convolutions_alone():
+    net = create_model("se-resnet50", num_classes=10)
+    assert use_onednn_layers(net) == "convolutions"
+    assert not [cell for _, cell in net.cells_and_names() if isinstance(cell, OneDnnBatchNorm2d)]
+    assert all(isinstance(cell, OneDnnConv2d) for _, cell in net.cells_and_names() if isinstance(cell, nn.Conv2d))
+
+
+def test_the_choice_follows_the_config_the_device_and_the_library(monkeypatch, tmp_path):
+    assert choose_convolutions("mindspore", device_target="CPU") == ("mindspore", None)
+    assert choose_convolutions("onednn", device_target="Ascend") == ("mindspore", None)
+    implementation, note = choose_convolutions("auto", device_target="CPU", optimizer="Thor")
+    assert implementation == "mindspore" and "Thor" in note
+    with pytest.raises(UserInputError, match="unknown cpu_convolution 'fast'"):
+        choose_convolutions("fast", device_target="CPU")
+    monkeypatch.setattr(library, "LIBRARY", str(tmp_path / "libresnet_conv.so"))  # not built
+    implementation, note = choose_convolutions("auto", device_target="CPU")
+    assert implementation == "mindspore" and "is not built" in note and "setup_env.sh" in note
+    with pytest.raises(UserInputError, match="cpu_convolution onednn cannot run: .* is not built"):
+        choose_convolutions("onednn", device_target="CPU")
+
+
+@needs_library
+def test_amp_on_cpu_computes_bf16_convolutions_only_where_the_cpu_has_amx(tmp_path):
+    implementation, note = choose_convolutions("auto", device_target="CPU", amp_level="O2")
+    assert implementation == ("onednn-bf16" if cpu_has_amx_bf16() else "onednn")
+    assert ("bfloat16 (AMX)" if cpu_has_amx_bf16() else "stay float32") in note
+    assert choose_convolutions("auto", device_target="CPU", amp_level="O0") == ("onednn", None)
+    flags = tmp_path / "cpuinfo"
+    flags.write_text("processor : 0\nflags : fpu avx512f amx_bf16 amx_tile\n")
+    assert cpu_has_amx_bf16(str(flags))
+    flags.write_text("processor : 0\nflags : fpu avx512f avx512_bf16\n")
+    assert not cpu_has_amx_bf16(str(flags))
+
+
+@needs_library
+def test_bf16_convolutions_stay_close_to_float32():
+    """bf16 products (8 mantissa bits) summed in float32: about 1e-2 relative, never float32's 1e-6."""
+    theirs, ours = conv_pair(cin=64, cout=64, k=3)
+    net = Wrapped(ours)
+    use_onednn_convolutions(net, bf16=True)
+    reference = Wrapped(theirs)
+    reference.first.weight.set_data(net.first.weight.data.copy())
+    x = Tensor(np.random.default_rng(2).standard_normal((2, 64, 8, 8)).astype(np.float32))
+    error = relative(net(x).asnumpy(), reference(x).asnumpy())
+    assert 1e-5 < error < 3e-2
+
+
+def test_the_build_says_why_in_one_line_without_a_compiler(tmp_path):
+    native = tmp_path / "native"
+    shutil.copytree(REPO / "src" / "cpu_convolution" / "native", native,
+                    ignore=shutil.ignore_patterns("*.so", "*.so.3", "build.log"))
+    venv = REPO / ".venv"
+    env = dict(os.environ, CXX="no-such-g++")  # a compiler that is not on PATH
+    result = subprocess.run(["/bin/bash", str(native / "build.sh"), str(venv)], env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "did not build" in lines[0] and "uses MindSpore's convolutions" in lines[0]
+    assert not (native / "libresnet_conv.so").exists()
 
 
 def conv_implementations(verbose_output: str, kernel: str = "kh3"):
@@ -20,13 +231,38 @@ def conv_implementations(verbose_output: str, kernel: str = "kh3"):
     return names
 
 
-def test_training_run_uses_fast_3x3_convolutions(tmp_path):
+def our_conv_implementations(verbose_output: str):
+    """oneDNN 3.2 (our private copy, whose verbose lines have no 'v1' field): executed convolutions."""
+    return {line.split(",")[4] for line in verbose_output.splitlines()
+            if line.startswith("onednn_verbose,exec,cpu,convolution,")}
+
+
+@pytest.mark.slow
+def test_a_default_training_run_convolves_with_ours_and_never_a_reference_kernel(tmp_path):
+    """cpu_convolution auto (the default) on CPU: every convolution runs in our oneDNN 3.2, none in
+    MindSpore's (whose ISA is then left uncapped), and none in a reference kernel."""
     write_sample_data(str(tmp_path / "data"), train_per_class=2, test_per_class=1, formats=("cifar10",))
     env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
     env["ONEDNN_VERBOSE"] = "1"
     result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml",
                   "--data_path", str(tmp_path / "data" / "cifar10"), "--output_dir", str(tmp_path / "out"),
                   "--epoch_size", "1", "--batch_size", "8", "--save_checkpoint", "False"], env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ours = our_conv_implementations(result.stdout)
+    assert ours and not [name for name in ours if "ref" in name], ours
+    assert not conv_implementations(result.stdout, kernel="")  # MindSpore's copy ran none
+
+
+@pytest.mark.slow
+def test_training_run_uses_fast_3x3_convolutions(tmp_path):
+    """MindSpore's own convolutions (cpu_convolution mindspore) under the AVX2 cap of src/device.py."""
+    write_sample_data(str(tmp_path / "data"), train_per_class=2, test_per_class=1, formats=("cifar10",))
+    env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
+    env["ONEDNN_VERBOSE"] = "1"
+    result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml",
+                  "--data_path", str(tmp_path / "data" / "cifar10"), "--output_dir", str(tmp_path / "out"),
+                  "--epoch_size", "1", "--batch_size", "8", "--save_checkpoint", "False",
+                  "--cpu_convolution", "mindspore"], env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     implementations = conv_implementations(result.stdout)
     assert implementations, "no 3x3 convolution was reported by oneDNN"

@@ -5,7 +5,7 @@ blocked layouts (reordering MindSpore's NCHW tensors in and out) and cache a pri
 Weights stay ordinary NCHW Parameters, so checkpoints, conversion and export are unchanged."""
 from typing import Optional, Tuple
 
-from src.cpu_convolution.cells import OneDnnConv2d, use_onednn_convolutions
+from src.cpu_convolution.cells import OneDnnConv2d, use_onednn_convolutions, use_onednn_layers
 from src.cpu_convolution.library import set_threads, unavailable_reason
 from src.errors import UserInputError
 
@@ -14,7 +14,7 @@ CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")
 IMPLEMENTATIONS = ("mindspore", "onednn", "onednn-bf16")
 
 __all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "choose_convolutions", "cpu_has_amx_bf16",
-           "set_threads", "unavailable_reason", "use_onednn_convolutions"]
+           "set_threads", "unavailable_reason", "use_onednn_convolutions", "use_onednn_layers"]
 
 
 def cpu_has_amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:

@@ -1,8 +1,13 @@
-"""nn.Conv2d computed by this package's oneDNN kernels on CPU, with MindSpore's own Parameters.
+"""ResNet's layers computed by this package's oneDNN kernels on CPU, with MindSpore's own Parameters.
 
-`use_onednn_convolutions(net)` turns a network's Conv2d cells into OneDnnConv2d in place: same
-weights, same names, same checkpoints; only `construct` differs. Export builds its own network
-without them, so MINDIR and ONNX files hold standard convolutions."""
+Two ways to use them, both in place and keeping every Parameter, its name and checkpoints:
+- `use_onednn_convolutions(net)`: every Conv2d becomes OneDnnConv2d; tensors stay NCHW between
+  layers and each convolution reorders them in and out of oneDNN's layout. Any network.
+- `use_onednn_layers(net)`: ResNet's convolutions, BatchNorms and the stem's max pool all run here
+  and the tensors between them stay in oneDNN's blocked layout (MindSpore's element-wise ReLU and
+  residual additions do not care); the stem reads the NCHW image and the head gets NCHW features
+  back. Networks whose layers do not allow it (SE-ResNet50's channel excitation) get the first way.
+Export builds its own network without them, so MINDIR and ONNX files hold standard operators."""
 import functools
 from typing import Tuple
 
@@ -12,15 +17,20 @@ from mindspore import dtype as mstype
 
 from src.cpu_convolution.library import LIBRARY
 
-PARAM_COUNT = 10  # onednn_conv.cpp's ConvParams
+INPUT_BLOCKED, OUTPUT_BLOCKED = 1, 2  # onednn_conv.cpp's ConvParams.layout bits
+BLOCK = 16  # channels per block of oneDNN's nChw16c: layers with channels that are not a multiple stay NCHW
 
 
-def _output_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
-    return (size + pad - dilation * (kernel - 1) - 1) // stride + 1
+def _aot(name: str, out_shape, out_dtype, bprop=None) -> ops.Custom:
+    return ops.Custom(f"{LIBRARY}:{name}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot", bprop=bprop)
 
 
 def _first_dtype(*dtypes):
     return dtypes[0]
+
+
+def _three_dtypes(*dtypes):
+    return dtypes[0], dtypes[0], dtypes[0]
 
 
 def _shape_of_input(index: int):
@@ -29,8 +39,12 @@ def _shape_of_input(index: int):
     return shape
 
 
+def _output_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    return (size + pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
 @functools.lru_cache(maxsize=None)
-def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_gradient: bool):
+def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_gradient: bool) -> ops.Custom:
     """The forward Custom op for one convolution's parameters, with its backward ops as bprop.
     `input_gradient` False: the input's gradient is zeros (the stem, whose input is the image)."""
     stride_h, stride_w, top, bottom, left, right, dilation_h, dilation_w = params[:8]
@@ -41,27 +55,25 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
         return [x[0], w[0], _output_size(x[2], kernel[0], stride_h, top + bottom, dilation_h),
                 _output_size(x[3], kernel[1], stride_w, left + right, dilation_w)]
 
-    backward_data = ops.Custom(f"{LIBRARY}:ConvBackwardData", out_shape=_shape_of_input(3),
-                               out_dtype=_first_dtype, func_type="aot")
-    backward_weights = ops.Custom(f"{LIBRARY}:ConvBackwardWeights", out_shape=_shape_of_input(3),
-                                  out_dtype=_first_dtype, func_type="aot")
+    backward_data = _aot("ConvBackwardData", _shape_of_input(3), _first_dtype)
+    backward_weights = _aot("ConvBackwardWeights", _shape_of_input(3), _first_dtype)
 
     def bprop(x, w, p, out, dout):
         dx = backward_data(dout, w, p, x) if input_gradient else ops.zeros_like(x)
         return dx, backward_weights(x, dout, p, w), ops.zeros_like(p)
 
-    return ops.Custom(f"{LIBRARY}:ConvForward", out_shape=forward_shape, out_dtype=_first_dtype,
-                      func_type="aot", bprop=bprop)
+    return _aot("ConvForward", forward_shape, _first_dtype, bprop)
 
 
-def convolution_params(conv: nn.Conv2d, bf16: bool = False) -> Tuple[int, ...]:
-    """stride, padding (top, bottom, left, right), dilation, groups and the bf16 flag of `conv`."""
+def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0) -> Tuple[int, ...]:
+    """stride, padding (top, bottom, left, right; -1: 'same'), dilation, groups, the bf16 flag and
+    the layout bits of `conv`: onednn_conv.cpp's ConvParams."""
     padding = conv.padding if conv.pad_mode == "pad" else 0
     if conv.pad_mode == "same":  # the kernels work the padding out from the input's size
         padding = -1
     top, bottom, left, right = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
     stride, dilation = conv.stride[-2:], conv.dilation[-2:]
-    return (stride[0], stride[1], top, bottom, left, right, dilation[0], dilation[1], conv.group, int(bf16))
+    return (stride[0], stride[1], top, bottom, left, right, dilation[0], dilation[1], conv.group, int(bf16), layout)
 
 
 def supported(cell: nn.Cell) -> bool:
@@ -70,8 +82,8 @@ def supported(cell: nn.Cell) -> bool:
 
 
 class OneDnnConv2d(nn.Conv2d):
-    """A Conv2d whose three kernels are this package's (see `use_onednn_convolutions`). Inputs of
-    another float type (amp) are computed in float32 and returned in their own type."""
+    """A Conv2d whose three kernels are this package's. Inputs of another float type (amp) are
+    computed in float32 and returned in their own type."""
 
     def construct(self, x):
         dtype = x.dtype
@@ -80,6 +92,13 @@ class OneDnnConv2d(nn.Conv2d):
         if self.has_bias:
             y = self.bias_add(y, self.bias)
         return y
+
+
+def _swap_convolution(cell: nn.Conv2d, *, bf16: bool, input_gradient: bool, layout: int = 0) -> None:
+    params = convolution_params(cell, bf16, layout)
+    cell.onednn = convolution_ops(params, tuple(cell.kernel_size), input_gradient)
+    cell.onednn_params = Tensor(np.array(params, np.int32))
+    cell.__class__ = OneDnnConv2d
 
 
 def use_onednn_convolutions(net: nn.Cell, *, bf16: bool = False, image_gradient: bool = False) -> int:
@@ -92,11 +111,146 @@ def use_onednn_convolutions(net: nn.Cell, *, bf16: bool = False, image_gradient:
     `bf16`: the convolutions compute in bfloat16 (float32 in and out, float32 weight gradients)."""
     count = 0
     for _, cell in net.cells_and_names():
-        if not supported(cell):
-            continue
-        params = convolution_params(cell, bf16)
-        cell.onednn = convolution_ops(params, tuple(cell.kernel_size), input_gradient=image_gradient or count > 0)
-        cell.onednn_params = Tensor(np.array(params, np.int32))
-        cell.__class__ = OneDnnConv2d
-        count += 1
+        if supported(cell):
+            _swap_convolution(cell, bf16=bf16, input_gradient=image_gradient or count > 0)
+            count += 1
     return count
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocked layout between the layers of a ResNet.
+
+def _norm_forward_shape(x, gamma, beta, mean, variance, params):
+    return x, gamma, gamma
+
+
+def _norm_backward_shape(x, dy, mean, variance, gamma, params):
+    return x, gamma, gamma
+
+
+@functools.lru_cache(maxsize=None)
+def batch_norm_ops(global_stats: bool) -> ops.Custom:
+    """Batch normalization of blocked tensors: (y, batch mean, biased batch variance) from (x,
+    gamma, beta, moving mean, moving variance, params). With `global_stats` it normalizes with the
+    moving statistics (inference, frozen BatchNorm) and its statistics outputs are not written."""
+    backward = _aot("NormBackward", _norm_backward_shape, _three_dtypes)
+
+    def bprop(x, gamma, beta, mean, variance, params, out, dout):
+        used_mean, used_variance = (mean, variance) if global_stats else (out[1], out[2])
+        dx, dgamma, dbeta = backward(x, dout[0], used_mean, used_variance, gamma, params)
+        return dx, dgamma, dbeta, ops.zeros_like(mean), ops.zeros_like(variance), ops.zeros_like(params)
+
+    return _aot("NormForward", _norm_forward_shape, _three_dtypes, bprop)
+
+
+class OneDnnBatchNorm2d(nn.BatchNorm2d):
+    """A BatchNorm2d on blocked tensors. The moving statistics move as MindSpore's BatchNorm moves
+    them: weight `momentum` (this cell's 1 - its constructor's) on the batch's mean and unbiased
+    variance."""
+
+    def construct(self, x):
+        dtype = x.dtype
+        x = ops.cast(x, mstype.float32)
+        use_batch = self.training if self.use_batch_statistics is None else self.use_batch_statistics
+        if not use_batch:
+            y = self.onednn_global(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
+                                   self.onednn_global_params)[0]
+            return ops.cast(y, dtype)
+        y, mean, variance = self.onednn_batch(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
+                                              self.onednn_batch_params)
+        count = x.shape[0] * x.shape[2] * x.shape[3]
+        mean = ops.stop_gradient(mean)
+        unbiased = ops.stop_gradient(variance) * (count / max(count - 1, 1))
+        y = ops.depend(y, ops.assign(self.moving_mean, self.moving_mean * (1 - self.momentum) + mean * self.momentum))
+        y = ops.depend(y, ops.assign(self.moving_variance,
+                                     self.moving_variance * (1 - self.momentum) + unbiased * self.momentum))
+        return ops.cast(y, dtype)
+
+
+def _swap_batch_norm(cell: nn.BatchNorm2d) -> None:
+    cell.onednn_batch, cell.onednn_global = batch_norm_ops(False), batch_norm_ops(True)
+    cell.onednn_batch_params = Tensor(np.array([cell.eps, 0.0], np.float32))
+    cell.onednn_global_params = Tensor(np.array([cell.eps, 1.0], np.float32))
+    cell.__class__ = OneDnnBatchNorm2d
+
+
+@functools.lru_cache(maxsize=None)
+def max_pool_ops(kernel: int, stride: int, pad: int) -> ops.Custom:
+    """Max pooling of blocked tensors; padded positions never win a window."""
+    def out_shape(x, params):
+        return [x[0], x[1], _output_size(x[2], kernel, stride, 2 * pad, 1),
+                _output_size(x[3], kernel, stride, 2 * pad, 1)]
+
+    backward = _aot("PoolBackward", _shape_of_input(0), _first_dtype)
+
+    def bprop(x, params, out, dout):
+        return backward(x, dout, params), ops.zeros_like(params)
+
+    return _aot("PoolForward", out_shape, _first_dtype, bprop)
+
+
+class OneDnnMaxPool(nn.SequentialCell):
+    """The ResNet stem's [Border(-1), MaxPool2d(3, 2)] as one max pool of padding 1 on blocked
+    tensors: the same windows, and the border never wins one (the input is post-ReLU)."""
+
+    def construct(self, x):
+        return self.onednn(x, self.onednn_params)
+
+
+@functools.lru_cache(maxsize=None)
+def to_plain_op() -> ops.Custom:
+    """Blocked -> NCHW; its gradient is the reorder back."""
+    to_blocked = _aot("ToBlocked", _shape_of_input(0), _first_dtype)
+
+    def bprop(x, out, dout):
+        return (to_blocked(dout),)
+
+    return _aot("ToPlain", _shape_of_input(0), _first_dtype, bprop)
+
+
+class BlockedToPlain(nn.Cell):
+    """The features of a blocked network back in NCHW, for the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.reorder = to_plain_op()
+
+    def construct(self, x):
+        return self.reorder(x)
+
+
+def _blockable(net: nn.Cell) -> bool:
+    """A torchvision-family ResNet (stem max pool of Border + MaxPool2d, a head that takes its
+    features through `features_to_plain`) whose layers after the stem's convolution all have
+    channels in whole blocks."""
+    pool = getattr(net, "maxpool", None)
+    if not (hasattr(net, "features_to_plain") and isinstance(pool, nn.SequentialCell) and len(pool) == 2
+            and isinstance(pool[1], nn.MaxPool2d)):
+        return False
+    convolutions = [cell for _, cell in net.cells_and_names() if supported(cell)]
+    norms = [cell for _, cell in net.cells_and_names() if type(cell) is nn.BatchNorm2d]
+    return (bool(convolutions) and all(c.out_channels % BLOCK == 0 for c in convolutions)
+            and all(c.in_channels % BLOCK == 0 for c in convolutions[1:])
+            and all(n.num_features % BLOCK == 0 for n in norms))
+
+
+def use_onednn_layers(net: nn.Cell, *, bf16: bool = False) -> str:
+    """ResNet's layers in blocked layout (see the module's docstring) where the network allows it,
+    else `use_onednn_convolutions`; returns which: 'blocked' or 'convolutions'."""
+    if not _blockable(net):
+        use_onednn_convolutions(net, bf16=bf16)
+        return "convolutions"
+    stem = True
+    for _, cell in net.cells_and_names():
+        if supported(cell):
+            layout = OUTPUT_BLOCKED if stem else INPUT_BLOCKED | OUTPUT_BLOCKED
+            _swap_convolution(cell, bf16=bf16, input_gradient=not stem, layout=layout)
+            stem = False
+        elif type(cell) is nn.BatchNorm2d:
+            _swap_batch_norm(cell)
+    pool = net.maxpool
+    kernel, stride = (value if isinstance(value, int) else value[-1] for value in (pool[1].kernel_size, pool[1].stride))
+    pool.onednn, pool.onednn_params = max_pool_ops(kernel, stride, 1), Tensor(np.array([kernel, stride, 1], np.int32))
+    pool.__class__ = OneDnnMaxPool
+    net.features_to_plain = BlockedToPlain()
+    return "blocked"

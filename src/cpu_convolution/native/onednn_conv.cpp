@@ -1,10 +1,16 @@
-// Convolutions for MindSpore's CPU backend through a private oneDNN, as `ops.Custom(func_type="aot")`
-// kernels: forward, backward-data and backward-weights on float32 NCHW tensors and OIHW weights.
+// ResNet's layers for MindSpore's CPU backend through a private oneDNN, as `ops.Custom(func_type="aot")`
+// kernels on float32 tensors: convolution (forward, backward-data, backward-weights), batch
+// normalization (forward, backward), max pooling (forward, backward) and the reorders between
+// MindSpore's NCHW and oneDNN's blocked layout.
 //
 // MindSpore's own CPU convolutions hand oneDNN plain NCHW descriptors, so oneDNN never picks its
-// blocked layouts (and, above AVX2, falls into a reference kernel). Here every primitive is created
-// with `format_tag::any`: oneDNN chooses the layouts, the NCHW tensors MindSpore owns are reordered
-// in and out around the call, and each primitive is created once per shape and cached.
+// blocked layouts (and, above AVX2, falls into a reference kernel). Here convolution primitives are
+// created with `format_tag::any`, so oneDNN chooses. A tensor MindSpore holds as [N, C, H, W] may be
+// in one of two layouts, said by the kernel's parameters: plain NCHW, or "blocked" (oneDNN's
+// nChw16c, which holds exactly N*C*H*W floats when C is a multiple of 16). Between the layers of a
+// network whose every layer runs here the tensors stay blocked (element-wise ReLU and additions do
+// not care), so no reorder is needed; where a kernel meets another layout, it reorders through a
+// buffer of its plan. Each primitive is created once per shape and cached.
 //
 // The library links against oneDNN 3.2 under a renamed SONAME (libdnnl_resnet.so.3, see build.sh):
 // MindSpore's own libdnnl.so.3 is already in the process and would otherwise be bound instead.
@@ -28,18 +34,33 @@ using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
-// The int32 parameter tensor every kernel takes as its third input (written by cells.py).
+// The int32 parameter tensor of the convolution kernels (written by cells.py).
 struct ConvParams {
     int32_t stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups, bf16;
+    int32_t layout;  // bit 0: the input (x, dx) is blocked; bit 1: the output (y, dy) is blocked
 };
-constexpr int kParamCount = 10;
+constexpr int kConvParams = 11;
 
-enum Kind { kForward = 0, kBackwardData = 1, kBackwardWeights = 2 };
+// The float32 parameter tensor of the batch-normalization kernels.
+struct NormParams {
+    float epsilon, global_stats;  // global_stats 1: normalize with the given (moving) statistics
+};
 
-// One tensor argument of a primitive: the NCHW/OIHW memory MindSpore owns, and the layout the
-// primitive wants; when they differ, a reorder through a buffer owned by the plan.
+// The int32 parameter tensor of the max-pooling kernels.
+struct PoolParams {
+    int32_t kernel, stride, pad;
+};
+
+enum Kind {
+    kConvForward, kConvBackwardData, kConvBackwardWeights, kNormForward, kNormBackward, kPoolForward,
+    kPoolBackward, kToPlain, kToBlocked
+};
+
+// One tensor argument of a primitive: the memory MindSpore owns (`slot` indexes the kernel's
+// arguments), and the layout the primitive wants; when they differ, a reorder through a buffer.
 struct Operand {
     int arg;
+    int slot;
     bool output;
     memory user;
     memory inner;
@@ -50,14 +71,15 @@ struct Operand {
 struct Plan {
     dnnl::primitive primitive;
     std::vector<Operand> operands;
-    memory scratchpad;
+    std::unordered_map<int, memory> owned;  // scratchpad, workspace, outputs nobody reads
+    std::unique_ptr<Plan> prelude;          // run first (max pooling's backward: its forward, for the workspace)
 };
 
 struct State {
     dnnl::engine engine{dnnl::engine::kind::cpu, 0};
     dnnl::stream stream{engine};
     std::map<std::string, std::unique_ptr<Plan>> plans;
-    std::mutex lock;  // one convolution at a time: each already uses every thread
+    std::mutex lock;  // one kernel at a time: each already uses every thread
 };
 
 int g_threads = 0;
@@ -65,8 +87,8 @@ std::string g_error;
 
 State &state() {
     static State *instance = [] {
-        // MindSpore's copy is capped (src/device.py) because of its NCHW-only path; this copy picks
-        // blocked layouts and should use every instruction the CPU has.
+        // MindSpore's copy may be capped at AVX2 (src/device.py) because of its NCHW-only path; this
+        // copy chooses its layouts and should use every instruction the CPU has.
         dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_amx_fp16);
         return new State();
     }();
@@ -75,14 +97,27 @@ State &state() {
 
 memory::dims dims_of(const int64_t *shape, int n) { return memory::dims(shape, shape + n); }
 
-Operand operand(const dnnl::engine &engine, int arg, bool output, const memory::desc &user_desc,
-                const memory::desc &wanted) {
-    Operand result{arg, output, memory(user_desc, engine, DNNL_MEMORY_NONE), memory(), false, {}};
+tag layout(bool blocked) { return blocked ? tag::aBcd16b : tag::nchw; }
+
+Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, const memory::desc &wanted) {
+    auto &engine = state().engine;
+    Operand result{arg, slot, output, memory(user_desc, engine, DNNL_MEMORY_NONE), memory(), false, {}};
     result.reorders = wanted != user_desc;
     result.inner = result.reorders ? memory(wanted, engine) : result.user;
     if (result.reorders)
         result.reorder = output ? dnnl::reorder(result.inner, result.user) : dnnl::reorder(result.user, result.inner);
     return result;
+}
+
+template <typename PrimitiveDesc>
+void own_scratchpad(Plan &plan, const PrimitiveDesc &pd) {
+    plan.owned[DNNL_ARG_SCRATCHPAD] = memory(pd.scratchpad_desc(), state().engine);
+}
+
+dnnl::primitive_attr user_scratchpad() {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return attr;
 }
 
 // The weights as oneDNN sees them: OIHW, or GOIHW over the same buffer for grouped convolutions.
@@ -92,61 +127,9 @@ memory::desc weights_desc(const memory::dims &w, int groups, dt type, tag format
     return memory::desc(grouped, type, format == tag::any ? tag::any : tag::goihw);
 }
 
-std::unique_ptr<Plan> create_plan(Kind kind, const memory::dims &x, const memory::dims &w, const memory::dims &y,
-                                  const ConvParams &p) {
-    auto &engine = state().engine;
-    memory::dims strides{p.stride_h, p.stride_w};
-    memory::dims dilation{p.dilation_h - 1, p.dilation_w - 1};
-    memory::dims pad_l{p.pad_top, p.pad_left};
-    memory::dims pad_r{p.pad_bottom, p.pad_right};
-    const dt compute = p.bf16 ? dt::bf16 : dt::f32;
-    auto x_any = memory::desc(x, compute, tag::any);
-    auto y_any = memory::desc(y, compute, tag::any);
-    auto w_any = weights_desc(w, p.groups, compute, tag::any);
-    auto x_user = memory::desc(x, dt::f32, tag::nchw);
-    auto y_user = memory::desc(y, dt::f32, tag::nchw);
-    auto w_user = weights_desc(w, p.groups, dt::f32, tag::oihw);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    auto forward = dnnl::convolution_forward::primitive_desc(
-        engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_any, w_any, y_any,
-        strides, dilation, pad_l, pad_r, attr);
-    auto plan = std::make_unique<Plan>();
-    memory::desc scratch;
-    if (kind == kForward) {
-        plan->primitive = dnnl::convolution_forward(forward);
-        plan->operands = {operand(engine, DNNL_ARG_SRC, false, x_user, forward.src_desc()),
-                          operand(engine, DNNL_ARG_WEIGHTS, false, w_user, forward.weights_desc()),
-                          operand(engine, DNNL_ARG_DST, true, y_user, forward.dst_desc())};
-        scratch = forward.scratchpad_desc();
-    } else if (kind == kBackwardData) {
-        auto backward = dnnl::convolution_backward_data::primitive_desc(
-            engine, dnnl::algorithm::convolution_direct, x_any, w_any, y_any, strides, dilation, pad_l, pad_r,
-            forward, attr);
-        plan->primitive = dnnl::convolution_backward_data(backward);
-        plan->operands = {operand(engine, DNNL_ARG_DIFF_DST, false, y_user, backward.diff_dst_desc()),
-                          operand(engine, DNNL_ARG_WEIGHTS, false, w_user, backward.weights_desc()),
-                          operand(engine, DNNL_ARG_DIFF_SRC, true, x_user, backward.diff_src_desc())};
-        scratch = backward.scratchpad_desc();
-    } else {
-        // bf16 weight gradients are accumulated in f32 (the master weights' type).
-        auto dw_any = weights_desc(w, p.groups, dt::f32, tag::any);
-        auto backward = dnnl::convolution_backward_weights::primitive_desc(
-            engine, dnnl::algorithm::convolution_direct, x_any, dw_any, y_any, strides, dilation, pad_l, pad_r,
-            forward, attr);
-        plan->primitive = dnnl::convolution_backward_weights(backward);
-        plan->operands = {operand(engine, DNNL_ARG_SRC, false, x_user, backward.src_desc()),
-                          operand(engine, DNNL_ARG_DIFF_DST, false, y_user, backward.diff_dst_desc()),
-                          operand(engine, DNNL_ARG_DIFF_WEIGHTS, true, w_user, backward.diff_weights_desc())};
-        scratch = backward.scratchpad_desc();
-    }
-    plan->scratchpad = memory(scratch, engine);
-    return plan;
-}
-
 // pad_mode 'same' (pad_top < 0): the output is ceil(input / stride) and the padding depends on the
 // input's size; as MindSpore and TensorFlow do, an odd total puts the extra row/column after.
-void same_padding(ConvParams &p, const int64_t *x, const int64_t *w) {
+void same_padding(ConvParams &p, const memory::dims &x, const memory::dims &w) {
     auto split = [](int64_t size, int stride, int64_t kernel, int dilation, int32_t &before, int32_t &after) {
         int64_t out = (size + stride - 1) / stride;
         int64_t total = std::max<int64_t>((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0);
@@ -157,63 +140,235 @@ void same_padding(ConvParams &p, const int64_t *x, const int64_t *w) {
     split(x[3], p.stride_w, w[3], p.dilation_w, p.pad_left, p.pad_right);
 }
 
-std::string key_of(Kind kind, const memory::dims &x, const memory::dims &w, const memory::dims &y,
-                   const ConvParams &p) {
+// Convolution slots: forward x=0, w=1, y=3; backward-data dy=0, w=1, dx=4 (slot 3: x, shape only);
+// backward-weights x=0, dy=1, dw=4 (slot 3: w, shape only). Slot 2 holds the parameters.
+std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x, const memory::dims &w, const memory::dims &y,
+                                const ConvParams &p) {
+    auto &engine = state().engine;
+    memory::dims strides{p.stride_h, p.stride_w};
+    memory::dims dilation{p.dilation_h - 1, p.dilation_w - 1};
+    memory::dims pad_l{p.pad_top, p.pad_left};
+    memory::dims pad_r{p.pad_bottom, p.pad_right};
+    const dt compute = p.bf16 ? dt::bf16 : dt::f32;
+    auto x_any = memory::desc(x, compute, tag::any);
+    auto y_any = memory::desc(y, compute, tag::any);
+    auto w_any = weights_desc(w, p.groups, compute, tag::any);
+    auto x_user = memory::desc(x, dt::f32, layout(p.layout & 1));
+    auto y_user = memory::desc(y, dt::f32, layout(p.layout & 2));
+    auto w_user = weights_desc(w, p.groups, dt::f32, tag::oihw);
+    auto attr = user_scratchpad();
+    auto forward = dnnl::convolution_forward::primitive_desc(
+        engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_any, w_any, y_any,
+        strides, dilation, pad_l, pad_r, attr);
+    auto plan = std::make_unique<Plan>();
+    if (kind == kConvForward) {
+        plan->primitive = dnnl::convolution_forward(forward);
+        plan->operands = {operand(DNNL_ARG_SRC, 0, false, x_user, forward.src_desc()),
+                          operand(DNNL_ARG_WEIGHTS, 1, false, w_user, forward.weights_desc()),
+                          operand(DNNL_ARG_DST, 3, true, y_user, forward.dst_desc())};
+        own_scratchpad(*plan, forward);
+    } else if (kind == kConvBackwardData) {
+        auto backward = dnnl::convolution_backward_data::primitive_desc(
+            engine, dnnl::algorithm::convolution_direct, x_any, w_any, y_any, strides, dilation, pad_l, pad_r,
+            forward, attr);
+        plan->primitive = dnnl::convolution_backward_data(backward);
+        plan->operands = {operand(DNNL_ARG_DIFF_DST, 0, false, y_user, backward.diff_dst_desc()),
+                          operand(DNNL_ARG_WEIGHTS, 1, false, w_user, backward.weights_desc()),
+                          operand(DNNL_ARG_DIFF_SRC, 4, true, x_user, backward.diff_src_desc())};
+        own_scratchpad(*plan, backward);
+    } else {
+        // bf16 weight gradients are accumulated in f32 (the master weights' type).
+        auto dw_any = weights_desc(w, p.groups, dt::f32, tag::any);
+        auto backward = dnnl::convolution_backward_weights::primitive_desc(
+            engine, dnnl::algorithm::convolution_direct, x_any, dw_any, y_any, strides, dilation, pad_l, pad_r,
+            forward, attr);
+        plan->primitive = dnnl::convolution_backward_weights(backward);
+        plan->operands = {operand(DNNL_ARG_SRC, 0, false, x_user, backward.src_desc()),
+                          operand(DNNL_ARG_DIFF_DST, 1, false, y_user, backward.diff_dst_desc()),
+                          operand(DNNL_ARG_DIFF_WEIGHTS, 4, true, w_user, backward.diff_weights_desc())};
+        own_scratchpad(*plan, backward);
+    }
+    return plan;
+}
+
+// Batch normalization on blocked tensors, per channel: scale (gamma) and shift (beta).
+// Forward slots: x=0, gamma=1, beta=2, mean=3, variance=4, params=5, y=6, batch mean=7, batch variance=8
+// (the biased variance oneDNN normalizes with; with global_stats, the given statistics are used and
+// copied out). Backward slots: x=0, dy=1, mean=2, variance=3, gamma=4, params=5, dx=6, dgamma=7, dbeta=8.
+std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormParams &p) {
+    auto &engine = state().engine;
+    auto data = memory::desc(x, dt::f32, tag::aBcd16b);
+    auto channel = memory::desc({x[1]}, dt::f32, tag::a);
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    if (p.global_stats != 0.f) flags = flags | dnnl::normalization_flags::use_global_stats;
+    auto attr = user_scratchpad();
+    auto forward = dnnl::batch_normalization_forward::primitive_desc(
+        engine, dnnl::prop_kind::forward_training, data, data, p.epsilon, flags, attr);
+    auto plan = std::make_unique<Plan>();
+    if (kind == kNormForward) {
+        plan->primitive = dnnl::batch_normalization_forward(forward);
+        const bool given = p.global_stats != 0.f;
+        plan->operands = {operand(DNNL_ARG_SRC, 0, false, data, forward.src_desc()),
+                          operand(DNNL_ARG_SCALE, 1, false, channel, channel),
+                          operand(DNNL_ARG_SHIFT, 2, false, channel, channel),
+                          operand(DNNL_ARG_MEAN, given ? 3 : 7, !given, channel, channel),
+                          operand(DNNL_ARG_VARIANCE, given ? 4 : 8, !given, channel, channel),
+                          operand(DNNL_ARG_DST, 6, true, data, forward.dst_desc())};
+        own_scratchpad(*plan, forward);
+    } else {
+        auto backward = dnnl::batch_normalization_backward::primitive_desc(
+            engine, dnnl::prop_kind::backward, data, data, data, p.epsilon, flags, forward, attr);
+        plan->primitive = dnnl::batch_normalization_backward(backward);
+        plan->operands = {operand(DNNL_ARG_SRC, 0, false, data, backward.src_desc()),
+                          operand(DNNL_ARG_DIFF_DST, 1, false, data, backward.diff_dst_desc()),
+                          operand(DNNL_ARG_MEAN, 2, false, channel, channel),
+                          operand(DNNL_ARG_VARIANCE, 3, false, channel, channel),
+                          operand(DNNL_ARG_SCALE, 4, false, channel, channel),
+                          operand(DNNL_ARG_DIFF_SRC, 6, true, data, backward.diff_src_desc()),
+                          operand(DNNL_ARG_DIFF_SCALE, 7, true, channel, channel),
+                          operand(DNNL_ARG_DIFF_SHIFT, 8, true, channel, channel)};
+        own_scratchpad(*plan, backward);
+    }
+    return plan;
+}
+
+// Max pooling on blocked tensors; the padding never wins a window (PyTorch's -inf padding).
+// Forward slots: x=0, params=1, y=2. Backward slots: x=0, dy=1, params=2, dx=3; the backward runs
+// the forward first for the positions of the maxima (oneDNN's workspace).
+std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::dims &y, const PoolParams &p) {
+    auto &engine = state().engine;
+    auto in = memory::desc(x, dt::f32, tag::aBcd16b);
+    auto out = memory::desc(y, dt::f32, tag::aBcd16b);
+    memory::dims kernel{p.kernel, p.kernel}, strides{p.stride, p.stride}, pad{p.pad, p.pad}, dilation{0, 0};
+    auto attr = user_scratchpad();
+    auto forward = dnnl::pooling_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
+                                                         dnnl::algorithm::pooling_max, in, out, strides, kernel,
+                                                         dilation, pad, pad, attr);
+    auto plan = std::make_unique<Plan>();
+    if (kind == kPoolForward) {
+        plan->primitive = dnnl::pooling_forward(forward);
+        plan->operands = {operand(DNNL_ARG_SRC, 0, false, in, forward.src_desc()),
+                          operand(DNNL_ARG_DST, 2, true, out, forward.dst_desc())};
+        plan->owned[DNNL_ARG_WORKSPACE] = memory(forward.workspace_desc(), engine);
+        own_scratchpad(*plan, forward);
+        return plan;
+    }
+    auto workspace = memory(forward.workspace_desc(), engine);
+    plan->prelude = std::make_unique<Plan>();
+    plan->prelude->primitive = dnnl::pooling_forward(forward);
+    plan->prelude->operands = {operand(DNNL_ARG_SRC, 0, false, in, forward.src_desc())};
+    plan->prelude->owned[DNNL_ARG_DST] = memory(forward.dst_desc(), engine);
+    plan->prelude->owned[DNNL_ARG_WORKSPACE] = workspace;
+    own_scratchpad(*plan->prelude, forward);
+    auto backward = dnnl::pooling_backward::primitive_desc(engine, dnnl::algorithm::pooling_max, in, out, strides,
+                                                           kernel, dilation, pad, pad, forward, attr);
+    plan->primitive = dnnl::pooling_backward(backward);
+    plan->operands = {operand(DNNL_ARG_DIFF_DST, 1, false, out, backward.diff_dst_desc()),
+                      operand(DNNL_ARG_DIFF_SRC, 3, true, in, backward.diff_src_desc())};
+    plan->owned[DNNL_ARG_WORKSPACE] = workspace;
+    own_scratchpad(*plan, backward);
+    return plan;
+}
+
+// A reorder between the two layouts: slots x=0, y=1.
+std::unique_ptr<Plan> reorder_plan(Kind kind, const memory::dims &x) {
+    auto plain = memory::desc(x, dt::f32, tag::nchw);
+    auto blocked = memory::desc(x, dt::f32, tag::aBcd16b);
+    auto plan = std::make_unique<Plan>();
+    auto from = kind == kToPlain ? blocked : plain, to = kind == kToPlain ? plain : blocked;
+    plan->primitive = dnnl::reorder(memory(from, state().engine), memory(to, state().engine));
+    plan->operands = {operand(DNNL_ARG_FROM, 0, false, from, from), operand(DNNL_ARG_TO, 1, true, to, to)};
+    return plan;
+}
+
+void execute(Plan &plan, void **slots) {
+    auto &s = state();
+    if (plan.prelude) execute(*plan.prelude, slots);
+    std::unordered_map<int, memory> args = plan.owned;
+    for (auto &o : plan.operands) {
+        o.user.set_data_handle(slots[o.slot]);
+        if (o.reorders && !o.output) o.reorder.execute(s.stream, o.user, o.inner);
+        args[o.arg] = o.inner;
+    }
+    plan.primitive.execute(s.stream, args);
+    for (auto &o : plan.operands)
+        if (o.reorders && o.output) o.reorder.execute(s.stream, o.inner, o.user);
+}
+
+bool check(bool ok, const std::string &message) {
+    if (!ok) g_error = message;
+    return ok;
+}
+
+bool dtypes_are(int nparam, const char **dtypes, int params_slot, const char *params_dtype) {
+    for (int i = 0; i < nparam; ++i) {
+        const char *wanted = i == params_slot ? params_dtype : "float32";
+        if (!check(std::strcmp(dtypes[i], wanted) == 0,
+                   "argument " + std::to_string(i) + " is " + dtypes[i] + ", not " + wanted))
+            return false;
+    }
+    return true;
+}
+
+std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const void *params, size_t size) {
     std::string key = std::to_string(kind);
-    for (const auto *dims : {&x, &w, &y})
-        for (auto d : *dims) key += "," + std::to_string(d);
-    const int32_t *values = &p.stride_h;
-    for (int i = 0; i < kParamCount; ++i) key += ";" + std::to_string(values[i]);
+    for (int i = 0; i < nparam; ++i)
+        for (int d = 0; d < ndims[i]; ++d) key += (d ? "," : ";") + std::to_string(shapes[i][d]);
+    key.append(static_cast<const char *>(params), size);
     return key;
 }
 
-// params: the two tensor inputs in the order the primitive reads them, the parameters, a tensor of
-// the output's shape (forward: none), then the output.
 int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
     try {
-        for (int i = 0; i < nparam; ++i) {
-            if (std::strcmp(dtypes[i], i == 2 ? "int32" : "float32") != 0) {
-                g_error = "unexpected dtype " + std::string(dtypes[i]) + " for argument " + std::to_string(i);
-                return 1;
-            }
-        }
-        if (ndims[2] != 1 || shapes[2][0] != kParamCount) {
-            g_error = "the parameter tensor must hold " + std::to_string(kParamCount) + " int32 values";
+        // Which argument holds the parameters, and how many bytes they are.
+        int params_slot = -1;
+        size_t params_size = 0;
+        const char *params_dtype = "int32";
+        if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights)
+            params_slot = 2, params_size = sizeof(ConvParams);
+        else if (kind == kNormForward || kind == kNormBackward)
+            params_slot = 5, params_size = sizeof(NormParams), params_dtype = "float32";
+        else if (kind == kPoolForward)
+            params_slot = 1, params_size = sizeof(PoolParams);
+        else if (kind == kPoolBackward)
+            params_slot = 2, params_size = sizeof(PoolParams);
+        if (!dtypes_are(nparam, dtypes, params_slot, params_dtype)) return 1;
+        if (params_slot >= 0 &&
+            !check(ndims[params_slot] == 1 &&
+                       static_cast<size_t>(shapes[params_slot][0]) * 4 == params_size,
+                   "the parameter tensor holds " + std::to_string(shapes[params_slot][0]) + " values, not " +
+                       std::to_string(params_size / 4)))
             return 1;
-        }
-        const int out = nparam - 1;
-        ConvParams p;
-        std::memcpy(&p, params[2], sizeof(p));
-        if (p.pad_top < 0) same_padding(p, kind == kBackwardData ? shapes[out] : shapes[0],
-                                        kind == kBackwardWeights ? shapes[out] : shapes[1]);
-        memory::dims x, w, y;
-        void *x_data, *w_data, *y_data;
-        if (kind == kForward) {
-            x = dims_of(shapes[0], 4), w = dims_of(shapes[1], 4), y = dims_of(shapes[out], 4);
-            x_data = params[0], w_data = params[1], y_data = params[out];
-        } else if (kind == kBackwardData) {  // dy, w, params, x (shape only), dx
-            y = dims_of(shapes[0], 4), w = dims_of(shapes[1], 4), x = dims_of(shapes[out], 4);
-            y_data = params[0], w_data = params[1], x_data = params[out];
-        } else {  // x, dy, params, w (shape only), dw
-            x = dims_of(shapes[0], 4), y = dims_of(shapes[1], 4), w = dims_of(shapes[out], 4);
-            x_data = params[0], y_data = params[1], w_data = params[out];
-        }
         auto &s = state();
         std::lock_guard<std::mutex> guard(s.lock);
         if (g_threads > 0) omp_set_num_threads(g_threads);
-        auto &plan = s.plans[key_of(kind, x, w, y, p)];
-        if (!plan) plan = create_plan(kind, x, w, y, p);
-        std::unordered_map<int, memory> args{{DNNL_ARG_SCRATCHPAD, plan->scratchpad}};
-        for (auto &o : plan->operands) {
-            void *data = o.arg == DNNL_ARG_SRC || o.arg == DNNL_ARG_DIFF_SRC ? x_data
-                       : o.arg == DNNL_ARG_DST || o.arg == DNNL_ARG_DIFF_DST ? y_data : w_data;
-            o.user.set_data_handle(data);
-            if (o.reorders && !o.output) o.reorder.execute(s.stream, o.user, o.inner);
-            args[o.arg] = o.inner;
+        const void *raw = params_slot >= 0 ? params[params_slot] : "";
+        auto &plan = s.plans[key_of(kind, nparam, ndims, shapes, raw, params_size)];
+        if (!plan) {
+            const int out = nparam - 1;
+            if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
+                ConvParams p;
+                std::memcpy(&p, raw, sizeof(p));
+                auto x = dims_of(kind == kConvBackwardData ? shapes[3] : shapes[0], 4);
+                auto w = dims_of(kind == kConvBackwardWeights ? shapes[3] : shapes[1], 4);
+                auto y = dims_of(kind == kConvForward ? shapes[out] : kind == kConvBackwardData ? shapes[0]
+                                                                                                : shapes[1], 4);
+                if (p.pad_top < 0) same_padding(p, x, w);
+                plan = conv_plan(kind, x, w, y, p);
+            } else if (kind == kNormForward || kind == kNormBackward) {
+                NormParams p;
+                std::memcpy(&p, raw, sizeof(p));
+                plan = norm_plan(kind, dims_of(shapes[0], 4), p);
+            } else if (kind == kPoolForward || kind == kPoolBackward) {
+                PoolParams p;
+                std::memcpy(&p, raw, sizeof(p));
+                plan = pool_plan(kind, dims_of(shapes[0], 4), dims_of(kind == kPoolForward ? shapes[out] : shapes[1], 4),
+                                 p);
+            } else {
+                plan = reorder_plan(kind, dims_of(shapes[0], 4));
+            }
         }
-        plan->primitive.execute(s.stream, args);
-        for (auto &o : plan->operands)
-            if (o.reorders && o.output) o.reorder.execute(s.stream, o.inner, o.user);
+        execute(*plan, params);
         s.stream.wait();
         return 0;
     } catch (const dnnl::error &e) {
@@ -227,25 +382,25 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
 }  // namespace
 
 #define EXPORT __attribute__((visibility("default")))
+#define KERNEL(name, kind)                                                                                     \
+    EXPORT int name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) { \
+        return run(kind, nparam, params, ndims, shapes, dtypes);                                              \
+    }
 
 extern "C" {
 
-EXPORT int ConvForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-    return run(kForward, nparam, params, ndims, shapes, dtypes);
-}
+KERNEL(ConvForward, kConvForward)
+KERNEL(ConvBackwardData, kConvBackwardData)
+KERNEL(ConvBackwardWeights, kConvBackwardWeights)
+KERNEL(NormForward, kNormForward)
+KERNEL(NormBackward, kNormBackward)
+KERNEL(PoolForward, kPoolForward)
+KERNEL(PoolBackward, kPoolBackward)
+KERNEL(ToPlain, kToPlain)
+KERNEL(ToBlocked, kToBlocked)
 
-EXPORT int ConvBackwardData(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                     void *) {
-    return run(kBackwardData, nparam, params, ndims, shapes, dtypes);
-}
-
-EXPORT int ConvBackwardWeights(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                        void *) {
-    return run(kBackwardWeights, nparam, params, ndims, shapes, dtypes);
-}
-
-// For the Python side (ctypes): threads per convolution (0: OpenMP's default), the oneDNN version
-// this library runs (to prove the private copy is the one bound), and the last error.
+// For the Python side (ctypes): threads per kernel (0: OpenMP's default), the oneDNN version this
+// library runs (to prove the private copy is the one bound), and the last error.
 EXPORT void SetThreads(int threads) { g_threads = threads; }
 
 EXPORT int OneDnnVersion() {
@@ -254,5 +409,4 @@ EXPORT int OneDnnVersion() {
 }
 
 EXPORT const char *LastError() { return g_error.c_str(); }
-
 }
