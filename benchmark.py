@@ -46,6 +46,17 @@ IMAGENET = normalization_of("imagenet2012")  # the benchmark's networks take Ima
 PRESETS = {"targets": [("resnet50", 8, 224), ("resnet18", 64, 32)]}
 CLASSES = 10
 ONNX_WORKERS = ("onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels", "onnxruntime_int8")
+# The training step's recipe: the step train.py builds for this config (create_train_step), on the
+# benchmark's network, batch and size.
+TRAIN_CONFIG = "config/resnet50_imagenet2012.yaml"
+# MindSpore with its own convolutions, with this repository's oneDNN layers (float32; bfloat16 under
+# amp on CPUs with AMX): the cpu_convolution and amp_level each runs with.
+MINDSPORE_WORKERS = {"mindspore": ("mindspore", "O0"), "ours": ("onednn", "O0"), "ours_bf16": ("onednn", "O2")}
+# PyTorch eager: NCHW float32, channels_last float32, bfloat16 autocast with channels_last.
+TORCH_WORKERS = {"torch": ("nchw", False), "torch_cl": ("channels_last", False), "torch_bf16": ("channels_last", True)}
+LABELS = {"mindspore": "MindSpore convolutions", "ours": "ours (oneDNN, blocked)", "ours_bf16": "ours, bf16 (AMX)",
+          "torch": "PyTorch NCHW", "torch_cl": "PyTorch channels_last", "torch_bf16": "PyTorch bf16 autocast+CL"}
+BREAKDOWN_MARK = "BREAKDOWN "
 
 
 def percentiles_ms(seconds: Sequence[float]) -> Dict[str, float]:
@@ -73,21 +84,31 @@ def latency(fn: Callable[[], None], images: int, calls: int) -> Dict[str, float]
     return {"img_per_s": round(images / float(np.median(times)), 2), "latency_ms": percentiles_ms(times)}
 
 
+def train_config(net_name: str, batch: int, size: int, cpu_convolution: str, amp_level: str):
+    """TRAIN_CONFIG for the benchmark's network, batch, size and classes, on CPU."""
+    from src.config import load_config
+    return load_config(["--config_path", TRAIN_CONFIG, "--net_name", net_name, "--class_num", str(CLASSES),
+                        "--batch_size", str(batch), "--train_image_size", str(size), "--device_target", "CPU",
+                        "--cpu_convolution", cpu_convolution, "--amp_level", amp_level], prog="benchmark.py")
+
+
 class MindSporeRunner:
-    """Train and eval steps of this repository's network, optimizer and loss in GRAPH mode."""
+    """Train and eval steps in GRAPH mode: the training step train.py builds for TRAIN_CONFIG
+    (create_train_step: finiteness check, BatchNorm restore on a skipped step, loss scale, ...),
+    with `convolutions` (create_model's)."""
 
     name = "mindspore"
 
-    def __init__(self, net_name: str, batch: int, size: int):
+    def __init__(self, net_name: str, batch: int, size: int, cfg=None, convolutions: str = "mindspore"):
         import mindspore as ms
-        from mindspore import nn
 
-        from src.loss import create_loss
         from src.resnet import create_model
-        from src.training.optimizer import create_optimizer
-        self.net = create_model(net_name, num_classes=CLASSES)
-        optimizer = create_optimizer(self.net, name="Momentum", learning_rate=0.01, weight_decay=1e-4)
-        self.train_cell = nn.TrainOneStepCell(nn.WithLossCell(self.net, create_loss(num_classes=CLASSES)), optimizer)
+        from src.training.train_step import ReadyInput
+        from train import create_train_step
+        cfg = cfg or train_config(net_name, batch, size, "mindspore", "O0")
+        self.net = create_model(net_name, num_classes=CLASSES, convolutions=convolutions)
+        self.train_cell = create_train_step(cfg, self.net, np.full(100_000, 0.01, np.float32), ema=None,
+                                            input_stage=ReadyInput())
         self.training = None
         rng = np.random.default_rng(0)
         self.images = ms.Tensor(rng.random((batch, 3, size, size), dtype=np.float32))
@@ -110,8 +131,9 @@ class MindSporeRunner:
 
     def train_step(self, images=None, labels=None) -> None:
         self._set_training(True)
-        loss = self.train_cell(self.images if images is None else images, self.labels if labels is None else labels)
-        loss.asnumpy()
+        outputs = self.train_cell(self.images if images is None else images,
+                                  self.labels if labels is None else labels)
+        outputs[0].asnumpy()
 
     def eval_step(self, single: bool) -> None:
         self._set_training(False)
@@ -136,23 +158,27 @@ class MindSporeRunner:
 
 
 class TorchRunner:
-    """The same ResNet, SGD with momentum and cross-entropy in PyTorch eager fp32."""
+    """The same ResNet, SGD with momentum and cross-entropy in PyTorch eager: float32 in NCHW or
+    channels_last, or bfloat16 autocast."""
 
     name = "torch"
 
-    def __init__(self, net_name: str, batch: int, size: int, threads: int):
+    def __init__(self, net_name: str, batch: int, size: int, threads: int, memory_format: str = "nchw",
+                 bf16: bool = False):
         import torch
 
         from src.migration import torch_resnet
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         self.torch = torch
-        self.net = getattr(torch_resnet, net_name)(num_classes=CLASSES)
+        layout = torch.channels_last if memory_format == "channels_last" else torch.contiguous_format
+        self.net = getattr(torch_resnet, net_name)(num_classes=CLASSES).to(memory_format=layout)
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
         self.loss = torch.nn.CrossEntropyLoss()
-        self.images = torch.rand(batch, 3, size, size)
+        self.images = torch.rand(batch, 3, size, size).contiguous(memory_format=layout)
         self.labels = torch.arange(batch) % CLASSES
-        self.one = torch.rand(1, 3, size, size)
+        self.one = torch.rand(1, 3, size, size).contiguous(memory_format=layout)
+        self.autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, enabled=bf16)
 
     def compile_seconds(self) -> float:
         self.train_step()
@@ -161,12 +187,14 @@ class TorchRunner:
     def train_step(self) -> None:
         self.net.train()
         self.optimizer.zero_grad(set_to_none=True)
-        self.loss(self.net(self.images), self.labels).backward()
+        with self.autocast():
+            loss = self.loss(self.net(self.images), self.labels)
+        loss.backward()
         self.optimizer.step()
 
     def eval_step(self, single: bool) -> None:
         self.net.eval()
-        with self.torch.no_grad():
+        with self.torch.no_grad(), self.autocast():
             self.net(self.one if single else self.images)
 
 
@@ -651,21 +679,22 @@ def serve(args: argparse.Namespace) -> int:
     """A measuring process for one framework: builds its runner, then answers commands on stdin
     ('measure', 'data ROOT', 'quit') with one JSON line each. The two frameworks never share a
     process: PyTorch beside an initialized MindSpore ran at half its own speed here."""
-    if args.worker == "mindspore":
-        from src.device import init_device
-        init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads)
-        runner = MindSporeRunner(args.net, args.batch_size, args.image_size)
+    if args.worker in MINDSPORE_WORKERS:
+        runner = mindspore_runner(args)
     elif args.worker in ONNX_WORKERS:
         runner = OnnxRunner(args.onnx_files.split(","), args.threads,
                             host_normalize=args.worker == "onnxruntime_hostnorm")
     else:
-        runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads)
+        memory_format, bf16 = TORCH_WORKERS[args.worker]
+        runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads, memory_format, bf16)
+    if args.breakdown:
+        return serve_breakdown(runner)
 
     def reply(value) -> None:
         print(REPLY + json.dumps(value), flush=True)
 
     first = {"compile_s": runner.compile_seconds()}
-    reply({**first, "model": runner.summary()} if args.worker == "mindspore" else first)
+    reply({**first, "model": runner.summary()} if args.worker in MINDSPORE_WORKERS else first)
     for line in sys.stdin:
         command, _, argument = line.strip().partition(" ")
         if command == "measure":
@@ -684,6 +713,104 @@ def serve(args: argparse.Namespace) -> int:
         else:
             break
     return 0
+
+
+def mindspore_runner(args: argparse.Namespace) -> MindSporeRunner:
+    """The device set up as train.py sets it for the worker's cpu_convolution and amp_level, and the
+    runner; a path that cannot run here (our layers not built) is an error line."""
+    from src.cpu_convolution import choose_convolutions, set_threads
+    from src.device import init_device
+    cpu_convolution, amp_level = MINDSPORE_WORKERS[args.worker]
+    cfg = train_config(args.net, args.batch_size, args.image_size, cpu_convolution, amp_level)
+    convolutions, _ = choose_convolutions(cfg.cpu_convolution, device_target="CPU", amp_level=cfg.amp_level)
+    threads = init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads, cap_cpu_isa=convolutions == "mindspore")
+    if convolutions != "mindspore":
+        set_threads(threads)
+    return MindSporeRunner(args.net, args.batch_size, args.image_size, cfg, convolutions)
+
+
+def serve_breakdown(runner, steps: int = 2) -> int:
+    """Warm-up training steps, then `steps` more between two marks on stdout, the second with their
+    seconds: run with ONEDNN_VERBOSE=profile_exec, the lines between are every oneDNN primitive
+    those steps executed, with its milliseconds."""
+    for _ in range(3):
+        runner.train_step()
+    print(BREAKDOWN_MARK + "start", flush=True)
+    start = time.perf_counter()
+    for _ in range(steps):
+        runner.train_step()
+    print(BREAKDOWN_MARK + json.dumps({"seconds_per_step": (time.perf_counter() - start) / steps, "steps": steps}),
+          flush=True)
+    return 0
+
+
+BREAKDOWN_KINDS = {"convolution": "convolutions", "batch_normalization": "normalization", "pooling": "pooling",
+                   "reorder": "layout reorders"}
+
+
+def step_breakdown(text: str) -> Dict[str, float]:
+    """Milliseconds per step by operation kind from a breakdown worker's output: oneDNN's primitives
+    (MindSpore's copy and ours both print profile_exec lines), and the rest of the step (MindSpore's
+    own kernels, the optimizer, the framework)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line == BREAKDOWN_MARK + "start")
+    end = next(i for i, line in enumerate(lines) if i > start and line.startswith(BREAKDOWN_MARK))
+    result = json.loads(lines[end][len(BREAKDOWN_MARK):])
+    totals: Dict[str, float] = {}
+    for line in lines[start + 1:end]:
+        fields = line.split(",")
+        if not line.startswith("onednn_verbose") or "exec" not in fields:
+            continue
+        kind = fields[fields.index("exec") + 2]
+        try:
+            milliseconds = float(fields[-1])
+        except ValueError:
+            continue
+        name = BREAKDOWN_KINDS.get(kind, "other oneDNN")
+        totals[name] = totals.get(name, 0.0) + milliseconds / result["steps"]
+    step_ms = result["seconds_per_step"] * 1000
+    totals["the rest"] = step_ms - sum(totals.values())
+    return {"step_ms": round(step_ms, 1), **{name: round(value, 1) for name, value in totals.items()}}
+
+
+def measure_breakdown(worker: str, net_name: str, batch: int, size: int, args: argparse.Namespace) -> Dict[str, float]:
+    """One training step of `worker` taken apart by operation kind (step_breakdown), in a process of its own."""
+    command = [sys.executable, os.path.abspath(__file__), "--worker", worker, "--breakdown", "--net", net_name,
+               "--batch_size", str(batch), "--image_size", str(size), "--threads", str(args.threads)]
+    env = dict(os.environ, ONEDNN_VERBOSE="profile_exec")
+    result = subprocess.run(command, capture_output=True, text=True, env=env,
+                            cwd=os.path.dirname(os.path.abspath(__file__)))
+    if result.returncode != 0:
+        raise RuntimeError(f"the {worker} breakdown process failed (exit {result.returncode}): "
+                           f"{result.stderr.strip().splitlines()[-1:]}")
+    return step_breakdown(result.stdout)
+
+
+def compute_paths(vs_torch: bool) -> List[str]:
+    """The workers to measure: MindSpore's convolutions, ours where they are built (in bfloat16 too
+    where the CPU has AMX), and with --vs-torch PyTorch's NCHW, channels_last and (where the CPU has
+    bfloat16 instructions) bf16 autocast."""
+    from src.cpu_convolution import cpu_flags, unavailable_reason
+    flags = cpu_flags()
+    paths = ["mindspore"]
+    reason = unavailable_reason()
+    if reason:
+        print(f"note: no rows for this repository's CPU layers: {reason}", flush=True)
+    else:
+        paths += ["ours"] + (["ours_bf16"] if "amx_bf16" in flags else [])
+    if vs_torch:
+        paths += ["torch", "torch_cl"] + (["torch_bf16"] if flags & {"avx512_bf16", "amx_bf16"} else [])
+    return paths
+
+
+def cpu_model() -> str:
+    """lscpu's model name (timings and even ratios move with the CPU)."""
+    try:
+        output = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown (no lscpu)"
+    return next((line.split(":", 1)[1].strip() for line in output.splitlines() if line.startswith("Model name")),
+                "unknown")
 
 
 class Worker:
@@ -727,7 +854,7 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
               "workers": args.workers}
     workers = []
     try:
-        for framework in ("mindspore", "torch") if args.vs_torch else ("mindspore",):
+        for framework in compute_paths(args.vs_torch):
             workers.append(Worker(framework, net_name, batch, size, args))
         if importlib.util.find_spec("onnxruntime") is not None:
             folder = os.path.join(data_root, f"onnx_{net_name}_{batch}_{size}")
@@ -752,6 +879,9 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     finally:
         for worker in workers:
             worker.close()
+    report["breakdown_ms"] = {worker.framework: measure_breakdown(worker.framework, net_name, batch, size, args)
+                              for worker in workers if worker.framework in MINDSPORE_WORKERS}
+    report["cpu"] = cpu_model()
     report["pipeline_img_per_s"] = data["pipeline_img_per_s"]
     report["mindspore"]["train_end_to_end_img_per_s"] = data["train_end_to_end_img_per_s"]
     report["ratios"] = _ratios(report)
@@ -810,13 +940,14 @@ def _ratios(report: Dict) -> Dict[str, float]:
     consumed = ms_result["train_compute_img_per_s"]
     ratios = {f"pipeline_{name}_over_training": round(rate / consumed, 2)
               for name, rate in report["pipeline_img_per_s"].items()}
-    if "torch" in report:
-        torch_result = report["torch"]
-        ratios["train_mindspore_over_torch"] = round(consumed / torch_result["train_compute_img_per_s"], 3)
-        for label in ms_result:
-            if label.startswith("eval_batch_"):
-                ratios[f"{label}_mindspore_over_torch"] = round(
-                    ms_result[label]["img_per_s"] / torch_result[label]["img_per_s"], 3)
+    paths = [name for name in (*MINDSPORE_WORKERS, *TORCH_WORKERS) if name in report]
+    for base in ("torch", "torch_cl"):
+        for name in [name for name in paths if name != base and base in report]:
+            ratios[f"train_{name}_over_{base}"] = round(
+                report[name]["train_compute_img_per_s"] / report[base]["train_compute_img_per_s"], 3)
+            for label in [k for k in ms_result if k.startswith("eval_batch_")]:
+                ratios[f"{label}_{name}_over_{base}"] = round(
+                    report[name][label]["img_per_s"] / report[base][label]["img_per_s"], 3)
     for path in ("onnxruntime", "onnxruntime_int8", "onnxruntime_pixels"):
         for label in [k for k in report.get(path, {}) if k.startswith("eval_batch_")]:
             others = ("onnxruntime", "onnxruntime_hostnorm") if path == "onnxruntime_pixels" else \
@@ -858,10 +989,33 @@ def format_table(reports: List[Dict]) -> str:
             row(f"pipeline img/s ({name})", value, None, r["ratios"][f"pipeline_{name}_over_training"])
         lines.append("  ratio: MindSpore / PyTorch; for the pipeline rows, pipeline img/s / MindSpore training img/s")
         lines.append(model_line(r))
+        lines += _cpu_path_rows(r)
         if "onnxruntime" in r:
             lines += _deployment_rows(r)
         lines.append("")
     return "\n".join(lines)
+
+
+def _cpu_path_rows(r: Dict) -> List[str]:
+    """Every CPU path side by side (train and eval img/s, ratios to PyTorch NCHW and channels_last),
+    and each MindSpore path's training step taken apart."""
+    paths = [name for name in (*MINDSPORE_WORKERS, *TORCH_WORKERS) if name in r]
+    evals = [k for k in r["mindspore"] if k.startswith("eval_batch_")]
+    lines = [f"  CPU paths on {r['cpu']} ({r['threads']} threads; x: over PyTorch NCHW / channels_last):",
+             f"  {'path':<28}{'train img/s':>20}" + "".join(f"{label.replace('_', ' ') + ' img/s':>26}"
+                                                          for label in evals)]
+    def cell(name: str, label: str, value: float) -> str:
+        over = [r["ratios"].get(f"{label}_{name}_over_{base}") for base in ("torch", "torch_cl")]
+        shown = "/".join(f"{x:.2f}" for x in over if x is not None)
+        return f"{value:.2f}" + (f" ({shown}x)" if shown else "")
+
+    for name in paths:
+        lines.append(f"  {LABELS[name]:<28}{cell(name, 'train', r[name]['train_compute_img_per_s']):>20}"
+                     + "".join(f"{cell(name, label, r[name][label]['img_per_s']):>26}" for label in evals))
+    for name, parts in r.get("breakdown_ms", {}).items():
+        lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(f"{part} {value:.0f} ms"
+                                                                         for part, value in parts.items()))
+    return lines
 
 
 def _deployment_rows(r: Dict) -> List[str]:
@@ -925,8 +1079,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
     parser.add_argument("--ceiling_images", type=positive_int, default=2048,
                         help="16x16 JPEGs for the per-process ceiling of the pipelines")
-    parser.add_argument("--worker", choices=("mindspore", "torch", "pipelines", "storage") + ONNX_WORKERS,
+    parser.add_argument("--worker", choices=(*MINDSPORE_WORKERS, *TORCH_WORKERS, "pipelines", "storage", *ONNX_WORKERS),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--photo_dir", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--onnx_files", help=argparse.SUPPRESS)

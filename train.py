@@ -18,7 +18,7 @@ import numpy as np
 from mindspore.train import Model
 
 from src.config import Config, load_config, read_yaml, run_dir, save_config
-from src.cpu_convolution import choose_convolutions
+from src.cpu_convolution import choose_convolutions, uses_onednn
 from src.cpu_convolution import set_threads as set_convolution_threads
 from src.data.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
 from src.data.host_stage import host_input_stage
@@ -311,7 +311,7 @@ def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: in
 def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSchedule], input_stage) -> TrainStep:
     """The training step around `net`: the input stage, loss, mixed precision, loss scaling,
     accumulation, clipping, optimizer and the EMA `ema` (None: off)."""
-    amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
+    amp_level = "O0" if uses_onednn(net) else resolve_amp_level(cfg.amp_level, cfg.device_target)
     loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
@@ -337,7 +337,7 @@ def check_boost_mode(boost_mode: str) -> str:
 def create_ema_twin(cfg: Config, convolutions: str = "mindspore"):
     """A second network, in the same precision, that evaluation loads the EMA weights into."""
     twin = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
-    mixed_precision_network(twin, resolve_amp_level(cfg.amp_level, cfg.device_target))
+    mixed_precision_network(twin, "O0" if uses_onednn(twin) else resolve_amp_level(cfg.amp_level, cfg.device_target))
     return twin
 
 

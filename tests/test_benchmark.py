@@ -5,6 +5,7 @@ import shutil
 import pytest
 
 from conftest import PYTHON, run
+from src.cpu_convolution import cpu_flags
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -31,9 +32,25 @@ def test_benchmark_writes_every_field(tmp_path):
     assert set(report["mindspore"]["train_end_to_end_img_per_s"]) == {"cifar10", "imagenet2012"}
     assert all(v > 0 for v in report["mindspore"]["train_end_to_end_img_per_s"].values())
     assert set(report["pipeline_img_per_s"]) == {"cifar10", "imagenet2012"}
-    assert set(report["ratios"]) == {"pipeline_cifar10_over_training", "pipeline_imagenet2012_over_training",
-                                     "train_mindspore_over_torch", "eval_batch_1_mindspore_over_torch",
-                                     "eval_batch_2_mindspore_over_torch", "eval_batch_1_onnxruntime_over_mindspore",
+    # The CPU paths: MindSpore's convolutions, ours (bf16 too on AMX), PyTorch NCHW, channels_last
+    # and bf16 autocast (where the CPU has bf16), each training step's breakdown, the CPU model.
+    flags = cpu_flags()
+    paths = ["mindspore", "ours"] + (["ours_bf16"] if "amx_bf16" in flags else []) + ["torch", "torch_cl"] + (
+        ["torch_bf16"] if flags & {"avx512_bf16", "amx_bf16"} else [])
+    assert all(report[path]["train_compute_img_per_s"] > 0 for path in paths)
+    cpu_ratios = {f"{measure}_{path}_over_{base}" for measure in ("train", "eval_batch_1", "eval_batch_2")
+                  for base in ("torch", "torch_cl") for path in paths if path != base}
+    assert report["ratios"]["train_ours_over_torch"] == round(
+        report["ours"]["train_compute_img_per_s"] / report["torch"]["train_compute_img_per_s"], 3)
+    assert set(report["breakdown_ms"]) == {path for path in paths if not path.startswith("torch")}
+    for parts in report["breakdown_ms"].values():
+        assert parts["step_ms"] > 0 and parts["convolutions"] > 0
+        assert abs(sum(v for k, v in parts.items() if k != "step_ms") - parts["step_ms"]) < 0.5
+    assert report["breakdown_ms"]["ours"]["normalization"] > 0  # BatchNorm runs in our oneDNN, blocked
+    assert report["cpu"] and report["cpu"] != "unknown"
+    assert set(report["ratios"]) == cpu_ratios | {"pipeline_cifar10_over_training",
+                                                  "pipeline_imagenet2012_over_training",
+                                     "eval_batch_1_onnxruntime_over_mindspore",
                                      "eval_batch_1_onnxruntime_over_torch", "eval_batch_2_onnxruntime_over_mindspore",
                                      "eval_batch_2_onnxruntime_over_torch"} | {
         f"eval_batch_{n}_onnxruntime_int8_over_{other}"

@@ -3,7 +3,9 @@
 MindSpore's CPU convolutions hand oneDNN plain NCHW tensors; these kernels let oneDNN choose its
 blocked layouts (reordering MindSpore's NCHW tensors in and out) and cache a primitive per shape.
 Weights stay ordinary NCHW Parameters, so checkpoints, conversion and export are unchanged."""
-from typing import Optional, Tuple
+from typing import Optional, Set, Tuple
+
+from mindspore import nn
 
 from src.cpu_convolution.cells import OneDnnConv2d, use_onednn_convolutions, use_onednn_layers
 from src.cpu_convolution.library import set_threads, unavailable_reason
@@ -13,17 +15,29 @@ CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")
 # What create_model's `convolutions` takes: MindSpore's, ours in float32, ours in bfloat16.
 IMPLEMENTATIONS = ("mindspore", "onednn", "onednn-bf16")
 
-__all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "choose_convolutions", "cpu_has_amx_bf16",
-           "set_threads", "unavailable_reason", "use_onednn_convolutions", "use_onednn_layers"]
+__all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "choose_convolutions", "cpu_flags",
+           "cpu_has_amx_bf16", "set_threads", "unavailable_reason", "use_onednn_convolutions", "use_onednn_layers",
+           "uses_onednn"]
+
+
+def uses_onednn(net: nn.Cell) -> bool:
+    """Whether `net` computes with this package's layers: they choose their own precision (bfloat16
+    convolutions on AMX CPUs), so MindSpore's float16 casts (amp) are not applied on top."""
+    return any(isinstance(cell, OneDnnConv2d) for _, cell in net.cells_and_names())
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> Set[str]:
+    """The CPU's feature flags (empty where the file is not there)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as handle:
+            return next((set(line.split(":", 1)[1].split()) for line in handle if line.startswith("flags")), set())
+    except OSError:
+        return set()
 
 
 def cpu_has_amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bfloat16 in AMX tiles (where bf16 convolutions beat float32)."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as handle:
-            return any(line.startswith("flags") and "amx_bf16" in line.split() for line in handle)
-    except OSError:
-        return False
+    return "amx_bf16" in cpu_flags(cpuinfo)
 
 
 def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0",
@@ -47,7 +61,7 @@ def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0
     if amp_level == "O0":
         return "onednn", None
     if cpu_has_amx_bf16():
-        return "onednn-bf16", (f"amp_level {amp_level} on CPU: the convolutions compute in bfloat16 (AMX) with "
-                               f"float32 weights and gradients")
-    return "onednn", (f"amp_level {amp_level} on CPU: the convolutions stay float32 (this CPU has no AMX, "
+        return "onednn-bf16", (f"amp_level {amp_level} on CPU: the convolutions compute in bfloat16 (AMX), "
+                               f"everything else and the weights and gradients in float32")
+    return "onednn", (f"amp_level {amp_level} on CPU: the network stays float32 (this CPU has no AMX, "
                       f"where bfloat16 convolutions are slower than float32)")
