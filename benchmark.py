@@ -856,7 +856,7 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     try:
         for framework in compute_paths(args.vs_torch):
             workers.append(Worker(framework, net_name, batch, size, args))
-        if importlib.util.find_spec("onnxruntime") is not None:
+        if importlib.util.find_spec("onnxruntime") is not None and not args.compute_only:
             folder = os.path.join(data_root, f"onnx_{net_name}_{batch}_{size}")
             os.makedirs(folder)
             exported = workers[0].ask("export " + folder)
@@ -873,9 +873,11 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
                 rounds[worker.framework].append(worker.ask("measure"))
         for worker in workers:
             report[worker.framework] = {**worker.first, **_median_of(rounds[worker.framework])}
-        paths = write_data(os.path.join(data_root, f"{net_name}_{size}"), size,
-                           images=(max(4, args.steps) + 2) * batch)
-        data = workers[0].ask("data " + json.dumps(paths))
+        data = {"pipeline_img_per_s": {}, "train_end_to_end_img_per_s": {}}
+        if not args.compute_only:
+            paths = write_data(os.path.join(data_root, f"{net_name}_{size}"), size,
+                               images=(max(4, args.steps) + 2) * batch)
+            data = workers[0].ask("data " + json.dumps(paths))
     finally:
         for worker in workers:
             worker.close()
@@ -1074,6 +1076,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--calls", type=positive_int, default=20, help="timed calls per latency measurement")
     parser.add_argument("--vs-torch", dest="vs_torch", action="store_true", help="also run PyTorch eager")
     parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--compute_only", action="store_true",
+                        help="training and evaluation on in-memory data only (no ONNX, pipeline or end-to-end rows)")
     parser.add_argument("--photos", type=positive_int, default=256,
                         help="generated photographs for the ImageNet pipeline comparison")
     parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
@@ -1117,9 +1121,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="benchmark-") as data_root:
         for net_name, batch, size in configs:
             reports.append(benchmark(net_name, batch, size, args, data_root))
-        pipelines = benchmark_pipelines(args, data_root)
+        pipelines = None if args.compute_only else benchmark_pipelines(args, data_root)
     print(format_table(reports))
-    print(format_pipeline_table(pipelines))
+    if pipelines:
+        print(format_pipeline_table(pipelines))
     if args.json:
         from src.files import write_atomic
         write_atomic(args.json, json.dumps({"reports": reports, "input_pipelines": pipelines}, indent=2) + "\n")

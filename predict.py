@@ -27,6 +27,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from PIL import Image
 
+from src.data.class_names import read_class_names
 from src.data.host_stage import normalization_of
 from src.data.sources import IMAGE_EXTENSIONS
 from src.dataset import DATASETS, eval_image
@@ -34,7 +35,6 @@ from src.deploy.inference import (
     ExportedModel,
     file_format_of,
     list_images,
-    read_class_names,
     require_onnxruntime,
     softmax,
     top_k,

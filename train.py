@@ -36,7 +36,7 @@ from src.device import available_cores, cap_workers, init_device
 from src.errors import UserInputError, run_cli
 from src.files import remove_stale_temporaries
 from src.loss import create_loss
-from src.lr_schedule import create_lr_schedule, create_thor_lr_schedule
+from src.lr_schedule import create_lr_schedule, create_thor_lr_schedule, warmup_cut_short
 from src.resnet import create_model
 from src.training.board import Board, batch_picture, target_captions
 from src.training.callbacks import (
@@ -161,8 +161,11 @@ def check_data(cfg: Config, log) -> None:
     raise_if_too_many([name for name, _ in bad], limit, "all listed above")
 
 
-def create_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
+def create_schedule(cfg: Config, steps_per_epoch: int, log=print) -> np.ndarray:
     """The per-step learning rates of the whole run (THOR's own curve for optimizer Thor)."""
+    cut_short = warmup_cut_short(int(cfg.warmup_epochs * steps_per_epoch), cfg.epoch_size * steps_per_epoch)
+    if cut_short and cfg.optimizer != THOR:
+        log(cut_short)
     if cfg.optimizer == THOR:
         return create_thor_lr_schedule(lr_init=cfg.lr_init, lr_decay=cfg.lr_decay, lr_end_epoch=cfg.lr_end_epoch,
                                        steps_per_epoch=steps_per_epoch, total_steps=cfg.epoch_size * steps_per_epoch)
@@ -459,7 +462,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     steps_per_epoch = dataset.get_dataset_size()
     check_sink_size(cfg, steps_per_epoch)
     eval_dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size) if cfg.run_eval else None
-    lrs = create_schedule(cfg, steps_per_epoch)
+    lrs = create_schedule(cfg, steps_per_epoch, log)
     counted = model_summary(net, image_size=cfg.train_image_size)  # before THOR swaps the Conv2d/Dense cells
     if cfg.optimizer == THOR:
         log(f"optimizer Thor: MindSpore's nn.thor and ModelThor in dataset sink mode, matrices refreshed every "

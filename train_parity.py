@@ -401,7 +401,8 @@ def run_steps(cfg: Config, args: argparse.Namespace, batches: List[Batch], log):
     log(f"train parity {cfg.net_name}: {steps} steps of batch {len(batches[0][0])} "
         f"({cfg.grad_accumulation_steps} micro-batch(es)), {'PYNATIVE' if args.pynative else 'GRAPH'} mode; "
         f"PyTorch {spec}; optimizer {cfg.optimizer}, lr {lrs[0]:.4g}..{lrs.max():.4g}..{lrs[-1]:.4g} "
-        f"({warmup} warmup step(s))" + (f", EMA alpha {plan.alpha:.4g} every {plan.every}" if plan else ""))
+        f"({warmup} warmup step(s))" + (f", EMA alpha {plan.alpha:.4g} every {plan.every}" if plan else "")
+        + f"; layers: {args.convolutions}" + (f" ({args.convolutions_note})" if args.convolutions_note else ""))
     log(f"definitions: {DEFINITIONS[cfg.optimizer]}; {BATCH_NORM_DEFINITION}")
     tables: Dict[str, List[Dict[str, object]]] = {"steps": [], "gradients": [], "weights": []}
     floor_so_far, first_bad, before_bad = 0.0, None, None
@@ -592,13 +593,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_request(args, cfg)
     log = print
     # The convolutions the run would use (float32 here: the comparison is float32's, see below).
-    args.convolutions, note = choose_convolutions(cfg.cpu_convolution, device_target=cfg.device_target,
-                                                  optimizer=cfg.optimizer)
+    args.convolutions, args.convolutions_note = choose_convolutions(cfg.cpu_convolution,
+                                                                    device_target=cfg.device_target,
+                                                                    optimizer=cfg.optimizer)
     threads = init_device(cfg.device_target, cap_cpu_isa=args.convolutions == "mindspore",
                           mode_name="PYNATIVE" if args.pynative or args.find_nonfinite else "GRAPH")
     if args.convolutions != "mindspore":
         set_convolution_threads(threads)
-    log(f"convolutions: {args.convolutions}" + (f" ({note})" if note else ""))
     seed_everything(cfg.seed)
     os.makedirs(args.output_dir, exist_ok=True)
     if args.find_nonfinite:  # in the run's own precision

@@ -49,6 +49,14 @@ def warmup_lr(step: int, *, lr_init: float, lr_max: float, warmup_steps: int) ->
     return lr_init + (lr_max - lr_init) * step / warmup_steps
 
 
+def warmup_cut_short(warmup_steps: int, total_steps: int) -> str:
+    """The line a run logs when its warmup is longer than the run (else '')."""
+    if warmup_steps <= total_steps:
+        return ""
+    return (f"warmup of {warmup_steps} steps is longer than the run's {total_steps}: the lr stays on the warmup's "
+            f"line (as the model zoo's schedules do) and never reaches lr_max")
+
+
 def create_lr_schedule(mode: str, *, lr_init: float, lr_max: float, lr_end: float,
                        total_steps: int, warmup_steps: int = 0, start_step: int = 0,
                        milestones: Sequence[int] = (), gamma: float = 0.1,
@@ -56,14 +64,15 @@ def create_lr_schedule(mode: str, *, lr_init: float, lr_max: float, lr_end: floa
     """Per-step learning rates for steps [start_step, total_steps).
 
     mode: constant | linear | cosine | poly | steps | step (the model zoo's four fixed steps).
+    A warmup longer than the run is cut short, as the model zoo's generators do: every step is
+    then on the warmup's line (see `warmup_cut_short`).
     `milestones` (in steps) and `gamma` drive 'steps': lr_max * gamma ** (number of milestones <=
     step). `power` drives 'poly'.
     """
     if mode not in LR_DECAY_MODES:
         raise UserInputError(f"unknown lr_decay_mode '{mode}'; choose one of {', '.join(LR_DECAY_MODES)}")
-    if not 0 <= warmup_steps <= total_steps:
-        raise UserInputError(f"warmup of {warmup_steps} steps does not fit in {total_steps} steps; "
-                             f"lower warmup_epochs")
+    if warmup_steps < 0:
+        raise UserInputError(f"warmup of {warmup_steps} steps: warmup_epochs must be >= 0")
     if not 0 <= start_step <= total_steps:
         raise UserInputError(f"start step {start_step} is outside the schedule of {total_steps} steps")
     decay_steps = total_steps - warmup_steps

@@ -8,7 +8,10 @@ import functools
 import numpy as np
 import pytest
 
-from src.data.augment_reference import (
+from src.data.auto_augment import apply_op, magnitude_bins
+from src.data.batch_mixing import draw_mix
+from src.data.random_erasing import erase_box
+from src.migration.augment_reference import (
     SPACES,
     cases,
     compare,
@@ -22,9 +25,6 @@ from src.data.augment_reference import (
     torchvision_op,
     within_tolerance,
 )
-from src.data.auto_augment import apply_op, magnitude_bins
-from src.data.batch_mixing import draw_mix
-from src.data.random_erasing import erase_box
 
 SIZES = (32, 64)
 DRAWS = 6000

@@ -5,6 +5,7 @@ import contextlib
 import csv
 import json
 import os
+import pickle
 import shutil
 import subprocess
 from pathlib import Path
@@ -249,6 +250,23 @@ def test_unreadable_image_is_replaced_by_the_next_readable_one(tmp_path):
     assert bad_sample_limit(-1, 1_281_167) == 1282 and bad_sample_limit(-1, 200) == 1
     with pytest.raises(UserInputError, match="max_bad_samples"):
         bad_sample_limit(-2, 10)
+
+
+def test_a_file_is_warned_about_once_per_run_whichever_processes_meet_it(tmp_path):
+    """Data workers each hold a copy of the log: the shared file, not a per-process set, decides
+    (the defect: a broken file met by two worker processes was warned about twice)."""
+    record = tmp_path / "bad.tsv"
+    log = BadSampleLog(str(record), limit=5)
+    meet = ("import pickle, sys; log = pickle.loads(sys.stdin.buffer.read()); "
+            "log.add(int(sys.argv[1]), 7, 'broken.jpg', 'truncated'); log.add(int(sys.argv[1]), 9, 'other.jpg', 'bad')")
+    warnings = []
+    for epoch in (0, 1, 1):  # three processes, as two epochs' workers would
+        result = subprocess.run([PYTHON, "-c", meet, str(epoch)], input=pickle.dumps(log), capture_output=True,
+                                cwd=REPO)
+        assert result.returncode == 0, result.stderr.decode()[-2000:]
+        warnings += [line for line in result.stderr.decode().splitlines() if line.startswith("warning: skipped")]
+    assert [line.split()[4] for line in warnings] == ["broken.jpg", "other.jpg"]
+    assert log.files() == ["broken.jpg", "other.jpg"] and log.count(1) == 2 and log.count(2) == 4
 
 
 def test_check_data_decodes_the_whole_image(tmp_path):

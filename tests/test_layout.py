@@ -64,6 +64,43 @@ def test_imports_go_one_way():
             assert not any(in_leaf_package(name) for name in imports), module
 
 
+# Sub-packages in layers: a module imports its own layer and those below, never one above (the
+# input pipeline knows nothing of deployment, deployment nothing of training, ...).
+SUBPACKAGE_LAYERS = {"src.cpu_convolution": 0, "src.data": 0, "src.deploy": 1, "src.training": 2,
+                     "src.migration": 3}
+
+
+def layer_of(module: str) -> int:
+    package = ".".join(module.split(".")[:2])
+    return SUBPACKAGE_LAYERS.get(package, -1)
+
+
+def test_sub_packages_import_only_their_layer_and_below():
+    packages = {p.parent.name for p in (REPO / "src").glob("*/__init__.py")}
+    assert {f"src.{name}" for name in packages} == set(SUBPACKAGE_LAYERS)
+    for module, imports in import_graph().items():
+        if layer_of(module) < 0:
+            continue
+        upward = {name for name in imports if layer_of(name) > layer_of(module)}
+        assert not upward, f"{module} imports {upward} from a layer above it"
+
+
+def test_src_data_holds_what_training_runs():
+    """Every module of src/data is reached from the input pipeline (src.dataset), or makes data
+    (the generators and the MindRecord converter); the reference the fidelity tests compare
+    against lives with the PyTorch-side references in src/migration."""
+    graph = import_graph()
+    reached, stack = set(), ["src.dataset"]
+    while stack:
+        for target in graph.get(stack.pop(), ()):
+            if target not in reached:
+                reached.add(target)
+                stack.append(target)
+    makers = {"src.data.sample_data", "src.data.digits_data", "src.data.photo_data", "src.data.mindrecord"}
+    assert {m for m in graph if m.startswith("src.data.")} - reached <= makers
+    assert "src.migration.augment_reference" in graph
+
+
 def test_no_import_cycles():
     graph = import_graph()
     state: Dict[str, int] = {}   # 1 on the current path, 2 done

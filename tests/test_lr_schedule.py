@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from src.errors import UserInputError
-from src.lr_schedule import LR_DECAY_MODES, create_lr_schedule, create_thor_damping_schedule, create_thor_lr_schedule
+from src.lr_schedule import (
+    LR_DECAY_MODES,
+    create_lr_schedule,
+    create_thor_damping_schedule,
+    create_thor_lr_schedule,
+    warmup_cut_short,
+)
 
 COMMON = dict(lr_init=0.02, lr_max=0.1, lr_end=0.02, total_steps=6, warmup_steps=2)
 WARMUP = [0.02, 0.06]
@@ -98,9 +104,19 @@ def test_start_step_on_a_long_schedule():
         np.testing.assert_array_equal(tail, full[start:])
 
 
+def test_a_warmup_longer_than_the_run_is_cut_short_as_the_zoo_does():
+    """warmup_epochs 5 of 6 steps each with --epoch_size 2: 30 warmup steps in a run of 12; every
+    step is on the warmup's line from lr_init towards lr_max (0.02 + 0.08 * s / 30)."""
+    lrs = create_lr_schedule("cosine", lr_init=0.02, lr_max=0.1, lr_end=0.0, total_steps=12, warmup_steps=30)
+    np.testing.assert_allclose(lrs, [0.02 + 0.08 * s / 30 for s in range(12)], rtol=1e-6)
+    assert warmup_cut_short(30, 12).startswith("warmup of 30 steps is longer than the run's 12")
+    assert warmup_cut_short(12, 12) == ""
+    np.testing.assert_array_equal(create_lr_schedule("cosine", lr_init=0.02, lr_max=0.1, lr_end=0.0,
+                                                     total_steps=12, warmup_steps=30, start_step=5), lrs[5:])
+
+
 @pytest.mark.parametrize("kwargs,word", [
     (dict(mode="exponential"), "exponential"),
-    (dict(mode="cosine", warmup_steps=7), "warmup"),
     (dict(mode="cosine", warmup_steps=-1), "warmup"),
     (dict(mode="cosine", start_step=7), "start step"),
     (dict(mode="cosine", start_step=-1), "start step"),

@@ -282,6 +282,33 @@ def test_a_damaged_image_in_a_shard_names_the_shard_when_read(copied):
     assert message.startswith(f"cannot decode {shard} (record ")
 
 
+def test_a_damaged_record_is_counted_listed_and_replaced_as_a_broken_file_is(copied, sample_root, tmp_path):
+    """max_bad_samples applies to shards as to class folders: the record is recorded under its
+    source file, replaced by the next readable sample, and the batches equal those of the class
+    folder with the same file broken; past the limit, the same one-line stop."""
+    shard = copied / "train" / "part-00002-of-00003.mindrecord"
+    data = bytearray(shard.read_bytes())
+    header = 1 << 24
+    data[header:header + 2000] = bytes(2000)  # the first image of the shard: undecodable
+    shard.write_bytes(bytes(data))
+    damaged = MindRecordSource(str(copied / "train"), "encoded").paths[200 * 2 // 3]
+    folder = tmp_path / "folder"
+    shutil.copytree(sample_root / "imagenet", folder)
+    broken = folder / "train" / damaged
+    broken.write_bytes(broken.read_bytes()[:400])  # as test_faults.break_image
+    options = dict(num_parallel_workers=2, max_bad_samples=1)
+    from_shards = batches_of("imagenet2012", str(copied), bad_sample_file=str(tmp_path / "shards.tsv"), **options)
+    from_folder = batches_of("imagenet2012", str(folder), bad_sample_file=str(tmp_path / "folder.tsv"), **options)
+    assert_same_batches(from_shards, from_folder)
+    for record in ("shards.tsv", "folder.tsv"):
+        rows = [line.split("\t") for line in (tmp_path / record).read_text().splitlines()]
+        assert [row[2] for row in rows] == [damaged if record == "shards.tsv" else str(broken)]
+    with pytest.raises(RuntimeError) as raised:
+        batches_of("imagenet2012", str(copied), bad_sample_file=str(tmp_path / "strict.tsv"),
+                   num_parallel_workers=1, max_bad_samples=0)
+    assert user_error_message(raised.value).startswith(f"1 unreadable images, more than max_bad_samples 0: {damaged}")
+
+
 def test_check_data_finds_the_damaged_image(copied):
     assert scan_unreadable(create_source("imagenet2012", str(copied), training=True), workers=2) == []
     data = bytearray((copied / "train" / "part-00002-of-00003.mindrecord").read_bytes())

@@ -120,6 +120,19 @@ def test_refused_zoo_files_stop_with_one_line_and_write_nothing(name, zoo_folder
     assert not (tmp_path / "out").exists()
 
 
+def test_a_zoo_warmup_longer_than_a_short_run_is_cut_short_in_one_line(zoo_folder):
+    """The zoo's ImageNet files warm up for 5 epochs (this folder's copies are shortened, so the
+    key is given); run for 2 as the zoo would: the lr stays on the warmup's line, and the run says so once."""
+    cfg = load_config(["--config_path", str(zoo_folder / "resnet50_imagenet2012_config.yaml"), "--device_target",
+                       "CPU", "--epoch_size", "2", "--warmup_epochs", "5"])
+    lines = []
+    lrs = train.create_schedule(cfg, steps_per_epoch=6, log=lines.append)
+    assert lines == ["warmup of 30 steps is longer than the run's 12: the lr stays on the warmup's line (as the "
+                     "model zoo's schedules do) and never reaches lr_max"]
+    np.testing.assert_allclose(lrs, [cfg.lr_init + (cfg.lr_max - cfg.lr_init) * s / 30 for s in range(12)],
+                               rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", [name for name in sorted(ZOO_FILES) if "_Thor_" in name])
 def test_thor_files_pass_the_checks_on_their_own_device(name, zoo_folder):
     """On the device the file names (Ascend, GPU) a Thor file is ready for THOR: its keys are this

@@ -9,8 +9,8 @@ output is a pure function of (seed, epoch, sample index) like the rest of the pi
 The pixel work is OpenCV rather than MindSpore's eager vision operations because each eager call
 cost 100-480 us on a 224x224 image, about 100 us or more of it dispatch around the same OpenCV
 kernels, which capped the input pipeline; OpenCV calls also release the GIL. Each operation
-computes torchvision's definition (what its policies do to a PIL image; src/data/augment_reference.py
-holds both references and `python -m src.data.augment_reference` prints the table): the same
+computes torchvision's definition (what its policies do to a PIL image; src/migration/augment_reference.py
+holds both references and `python -m src.migration.augment_reference` prints the table): the same
 integers, except one gray level in about 0.1% of Color's values (PIL's luma rounding) and, in the
 warps (shear, rotate), up to 4 levels on sharp edges where OpenCV's bilinear weights step by 1/32
 of a pixel (mean 0.5 level). MindSpore's operations, which this code replaced, sheared about the

@@ -4,6 +4,7 @@
 The record is a small tab-separated file that every data worker process appends to (one short
 line per write, so appends from several processes never interleave), which lets the training
 process count an epoch's replacements whatever the number of workers."""
+import fcntl
 import math
 import os
 import sys
@@ -44,11 +45,12 @@ def reason_of(err: BaseException) -> str:
 
 class BadSampleLog:
     """Appends `epoch<TAB>index<TAB>file<TAB>reason` lines to `path`; stops the run once more than
-    `limit` distinct files were unreadable. Plain attributes only: it travels to worker processes."""
+    `limit` distinct files were unreadable. Plain attributes only: it travels to worker processes,
+    so the file is the one record they share (a file is warned about once per run, by whichever
+    process records it first)."""
 
     def __init__(self, path: str, limit: int):
         self.path, self.limit = path, limit
-        self.warned = set()
 
     def reset(self) -> None:
         """Start a new record (at the start of a run or a resumed run)."""
@@ -66,10 +68,12 @@ class BadSampleLog:
         """Record sample `index` of sampler epoch `epoch` (0-based) as unreadable; raise once the
         distinct unreadable files exceed the limit."""
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)  # a rank may get here before rank 0
-        with open(self.path, "a", encoding="utf-8") as handle:
+        with open(self.path, "a+", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # read and append as one step: processes meet files concurrently
+            handle.seek(0)
+            first = not any(line.split("\t")[2:3] == [name] for line in handle)
             handle.write(f"{epoch}\t{index}\t{name}\t{reason.replace(chr(9), ' ')}\n")
-        if name not in self.warned:
-            self.warned.add(name)
+        if first:
             print(f"warning: skipped unreadable image {name} ({reason}); replaced by the next readable sample",
                   file=sys.stderr, flush=True)
         raise_if_too_many(self.files(), self.limit, "--check_data True lists all")

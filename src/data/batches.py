@@ -74,10 +74,14 @@ class AugmentedSource:
                 if self.bad_samples is None:
                     raise UserInputError(f"cannot read {sample_name(self.source, index)} ({reason_of(err)}); "
                                          f"remove or replace the file") from None
-                self.known_bad.add(index)
-                self.bad_samples.add(key // self.keys_per_epoch, index, sample_name(self.source, index),
-                                     reason_of(err))
+                self.record_unreadable(key, index, err)
         raise UserInputError("no readable sample in the dataset; check the image files")
+
+    def record_unreadable(self, key: int, index: int, err: BaseException) -> None:
+        """Sample `index`, met for `key`, cannot be read: record it in the log (which stops the run
+        past max_bad_samples); `fill` then passes over it."""
+        self.known_bad.add(index)
+        self.bad_samples.add(key // self.keys_per_epoch, index, sample_name(self.source, index), reason_of(err))
 
     def __getitem__(self, key: int):
         """(image, label[, erase box]) of `key`, the image in a buffer of its own."""

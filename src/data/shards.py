@@ -283,8 +283,12 @@ class RecordAssembly:
                 raw = source.decode(images[starts[slot]:ends[slot]].tobytes(), index)
                 return self.samples.augment(key, raw, source.labels[index], out)
             except UNREADABLE_ERRORS as err:
-                raise UserInputError(f"cannot decode {source.name(index)}: {reason_of(err)}; copy the shard "
-                                     f"again, or replace the source image and {RECONVERT} (shards hold no "
-                                     f"replacement: max_bad_samples applies to class folders)") from None
+                if self.samples.bad_samples is None:
+                    raise UserInputError(f"cannot decode {source.name(index)}: {reason_of(err)}; copy the shard "
+                                         f"again, or replace the source image and {RECONVERT}") from None
+                # As a class folder's unreadable file: counted, listed, bounded by max_bad_samples,
+                # and replaced by the next readable record (read on its own).
+                self.samples.record_unreadable(key, index, err)
+                return self.samples.fill(key, out)
 
         return self.assembly(keys, fill)

@@ -7,8 +7,8 @@ from typing import List
 
 import numpy as np
 
+from src.data.class_names import read_class_names
 from src.data.image_decode import crop_resize, open_image
-from src.deploy.inference import read_class_names
 from src.errors import UserInputError
 
 CIFAR_SIDE = 32

@@ -43,6 +43,9 @@ def read_summary(path: str, steps: int) -> List[OperatorTime]:
         named = [(r["OP Type"], float(r["Count"]), float(r["Total Time(us)"]) / 1000) for r in rows]
     else:  # CPU: milliseconds over all profiled steps
         named = [(r["op_type"], float(r["type_occurrences"]), float(r["total_compute_time"])) for r in rows]
+        custom = custom_operators(path.replace("cpu_op_type_info_", "cpu_op_detail_info_"))
+        if custom:  # this repository's CPU layers (MindSpore Custom ops), by the cell that runs them
+            named = [row for row in named if row[0] != "Custom"] + custom
     merged = {}
     for op_type, calls, ms in named:  # one type may come once per core type
         total_calls, total_ms = merged.get(op_type, (0.0, 0.0))
@@ -51,6 +54,25 @@ def read_summary(path: str, steps: int) -> List[OperatorTime]:
     steps = max(steps, 1)
     table = [OperatorTime(op_type, calls / steps, ms / steps, ms / total) for op_type, (calls, ms) in merged.items()]
     return sorted(table, key=lambda row: -row.ms_per_step)
+
+
+def custom_operators(detail_path: str) -> List[tuple]:
+    """(op type, calls, ms) of the Custom operators in the CPU profiler's per-operator file, named
+    by the cell class that runs them, backward apart: 'Custom:OneDnnConv2d', 'Custom:OneDnnConv2d
+    backward' (src/cpu_convolution's layers). Empty when the file is not there or has none."""
+    if not os.path.isfile(detail_path):
+        return []
+    totals = {}
+    with open(detail_path, newline="", encoding="utf-8") as handle:
+        for row in csv.DictReader(handle):
+            if row.get("op_type") != "Custom":
+                continue
+            scopes = row["full_op_name"].split("/")
+            cell = next((scope.rsplit("-", 1)[1] for scope in reversed(scopes[:-1]) if "-" in scope), "?")
+            name = f"Custom:{cell}" + (" backward" if scopes[0] == "Gradients" else "")
+            calls, ms = totals.get(name, (0.0, 0.0))
+            totals[name] = (calls + float(row["op_occurrences"]), ms + float(row["op_total_time(ms)"]))
+    return [(name, calls, ms) for name, (calls, ms) in totals.items()]
 
 
 def console_lines(rows: Sequence[OperatorTime], *, steps: int, wait_share: Optional[float]) -> List[str]:

@@ -12,7 +12,7 @@ the same explicit parameters as `apply_op`:
 for every operation of the four policies at their lowest, a middle and the highest magnitude bin
 and both signs, which is both the fidelity table and the suite's guard. `torchvision_erase_boxes`
 and `torchvision_mixes` draw random erasing and mixup/CutMix as torchvision does, to compare the
-distributions. `python -m src.data.augment_reference` prints the tables (docs/recipe_fidelity.md).
+distributions. `python -m src.migration.augment_reference` prints the tables (docs/recipe_fidelity.md).
 """
 import math
 import sys
