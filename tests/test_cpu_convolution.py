@@ -13,6 +13,7 @@ from mindspore import Tensor, nn
 from conftest import PYTHON, REPO, run
 from src.cpu_convolution import (
     OneDnnConv2d,
+    all_finite_op,
     choose_convolutions,
     cpu_has_amx_bf16,
     library,
@@ -164,6 +165,19 @@ def test_networks_that_cannot_stay_blocked_get_our_convolutions_alone():
     assert use_onednn_layers(net) == "convolutions"
     assert not [cell for _, cell in net.cells_and_names() if isinstance(cell, OneDnnBatchNorm2d)]
     assert all(isinstance(cell, OneDnnConv2d) for _, cell in net.cells_and_names() if isinstance(cell, nn.Conv2d))
+
+
+@needs_library
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
+def test_all_finite_checks_every_element_of_every_tensor(bad):
+    rng = np.random.default_rng(4)
+    tensors = [rng.standard_normal(shape).astype(np.float32) for shape in ((3,), (200_000,), (64, 3, 7, 7))]
+    if bad is not None:
+        tensors[1][123_457] = bad  # in the multi-threaded pass of a large tensor
+    assert all_finite_op()(*[Tensor(t) for t in tensors]).asnumpy().tolist() == [0.0 if bad is not None else 1.0]
+    tensors[1][:] = 0
+    tensors[2][-1, -1, -1, -1] = np.float32(3e38)  # finite, however large
+    assert all_finite_op()(*[Tensor(t) for t in tensors]).asnumpy().tolist() == [1.0]
 
 
 def test_the_choice_follows_the_config_the_device_and_the_library(monkeypatch, tmp_path):

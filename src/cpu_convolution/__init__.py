@@ -7,7 +7,7 @@ from typing import Optional, Set, Tuple
 
 from mindspore import nn
 
-from src.cpu_convolution.cells import OneDnnConv2d, use_onednn_convolutions, use_onednn_layers
+from src.cpu_convolution.cells import OneDnnConv2d, all_finite_op, use_onednn_convolutions, use_onednn_layers
 from src.cpu_convolution.library import set_threads, unavailable_reason
 from src.errors import UserInputError
 
@@ -15,7 +15,7 @@ CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")
 # What create_model's `convolutions` takes: MindSpore's, ours in float32, ours in bfloat16.
 IMPLEMENTATIONS = ("mindspore", "onednn", "onednn-bf16")
 
-__all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "choose_convolutions", "cpu_flags",
+__all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "all_finite_op", "choose_convolutions", "cpu_flags",
            "cpu_has_amx_bf16", "set_threads", "unavailable_reason", "use_onednn_convolutions", "use_onednn_layers",
            "uses_onednn"]
 

@@ -117,6 +117,21 @@ def use_onednn_convolutions(net: nn.Cell, *, bf16: bool = False, image_gradient:
     return count
 
 
+def _one_value(*shapes):
+    return [1]
+
+
+def _float32(*dtypes):
+    return mstype.float32
+
+
+@functools.lru_cache(maxsize=None)
+def all_finite_op() -> ops.Custom:
+    """float32 [1]: 1 when every element of every (float32) input is finite, else 0; one
+    multi-threaded pass over all of them (the training step's check of its gradients)."""
+    return _aot("AllFinite", _one_value, _float32)
+
+
 # ---------------------------------------------------------------------------------------------
 # Blocked layout between the layers of a ResNet.
 

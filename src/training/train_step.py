@@ -58,8 +58,8 @@ def _square_sum_tensor(grad):
 @_finite.register("Tensor")
 def _finite_tensor(grad):
     # 0 * x is 0 for every finite x and NaN for Inf and NaN, so the sum is finite exactly when every
-    # element is: the same answer as isfinite(grad).all(), which MindSpore's CPU kernels took 17x as
-    # long for (57 ms against 3.4 ms over ResNet50's gradients; 40% of a ResNet18 step at 32 px).
+    # element is: the same answer as isfinite(grad).all(), in half of its CPU time (IsFinite and
+    # ReduceAll took 40% of a ResNet18 step at 32 px).
     return ops.isfinite((grad * 0).sum())
 
 
@@ -145,9 +145,12 @@ class TrainStep(nn.Cell):
     def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Cell, *, net: nn.Cell,
                  input_stage: Optional[nn.Cell] = None, loss_scale: float = 1.0,
                  scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1, micro_batch: int = 0,
-                 clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None):
+                 clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None,
+                 all_finite: Optional[nn.Cell] = None):
         super().__init__(auto_prefix=False)
         self.input_stage = input_stage or ReadyInput()
+        # One op over every gradient (1 when all are finite), or None: a check per gradient.
+        self.all_finite = all_finite
         self.network = net_with_loss
         self.network.set_grad()
         self.optimizer = optimizer
@@ -242,7 +245,10 @@ class TrainStep(nn.Cell):
             grads = self.reducer(grads)  # once per optimizer step, also with accumulation
         if self.unscale:
             grads = self.hyper_map(ops.partial(_scale, 1 / scale), grads)
-        overflow = ops.logical_not(ops.stack(self.hyper_map(_finite, grads)).all())
+        if self.all_finite is None:
+            overflow = ops.logical_not(ops.stack(self.hyper_map(_finite, grads)).all())
+        else:
+            overflow = self.all_finite(*grads)[0] < 0.5
         if self.dynamic:
             overflow = self.scale_update(self.scale_sense, overflow)
         norm = Tensor(0.0, ms.float32)

@@ -379,6 +379,27 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
     return 1;
 }
 
+// 1.0 when every element of every float32 input is finite, else 0.0 (the last argument, one float):
+// the training step's check of its gradients as one multi-threaded pass, where MindSpore's CPU
+// kernels take a reduction per tensor.
+int all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    bool finite = true;
+    for (int i = 0; i < nparam - 1 && finite; ++i) {
+        if (!check(std::strcmp(dtypes[i], "float32") == 0, std::string("AllFinite takes float32, not ") + dtypes[i]))
+            return 1;
+        int64_t count = 1;
+        for (int d = 0; d < ndims[i]; ++d) count *= shapes[i][d];
+        const uint32_t *bits = static_cast<const uint32_t *>(params[i]);
+        int bad = 0;
+        if (g_threads > 0) omp_set_num_threads(g_threads);
+#pragma omp parallel for reduction(| : bad) if (count > (1 << 16))
+        for (int64_t j = 0; j < count; ++j) bad |= (bits[j] & 0x7f800000u) == 0x7f800000u;  // Inf or NaN
+        finite = !bad;
+    }
+    *static_cast<float *>(params[nparam - 1]) = finite ? 1.f : 0.f;
+    return 0;
+}
+
 }  // namespace
 
 #define EXPORT __attribute__((visibility("default")))
@@ -398,6 +419,10 @@ KERNEL(PoolForward, kPoolForward)
 KERNEL(PoolBackward, kPoolBackward)
 KERNEL(ToPlain, kToPlain)
 KERNEL(ToBlocked, kToBlocked)
+
+EXPORT int AllFinite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+    return all_finite(nparam, params, ndims, shapes, dtypes);
+}
 
 // For the Python side (ctypes): threads per kernel (0: OpenMP's default), the oneDNN version this
 // library runs (to prove the private copy is the one bound), and the last error.
