@@ -1,7 +1,9 @@
 """Shared fixtures: the repository on sys.path, fast CPU convolutions, small generated datasets."""
 import contextlib
 import fcntl
+import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -74,11 +76,52 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.module.__name__ if item.module else "", len(rank)))
 
 
+# The suite's work per module, written when RESNET_TESTS_WORK names a file (one JSON line per
+# module and worker; tests/work_table.py sums them into docs/testing.md's table): CPU seconds of
+# the test process and of the processes it started and waited for, wall seconds, and the runs of
+# the project's entry points started through `run` (trainings among them).
+WORK = "RESNET_TESTS_WORK"
+TRAINING_ENTRIES = ("train.py", "fine_tune.py", "train_parity.py", "run_standalone_train.sh",
+                    "run_distribute_train.sh", "benchmark_learning.py")
+_work: dict = {}
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _module_work(module: str) -> dict:
+    return _work.setdefault(module, {"tests": 0, "cpu_s": 0.0, "wall_s": 0.0, "runs": 0, "trainings": 0})
+
+
+def _count_run(args: List[str]) -> None:
+    test = os.environ.get("PYTEST_CURRENT_TEST", "")
+    if test:
+        work = _module_work(Path(test.split("::")[0]).stem)
+        work["runs"] += 1
+        work["trainings"] += any(str(arg).endswith(TRAINING_ENTRIES) for arg in args)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Setup, call and teardown of each test (module fixtures it starts included) under its share."""
+    start_cpu, start_wall = _cpu_seconds(), time.time()
     with share_of_machine(alone=item.get_closest_marker("alone") is not None):
         yield
+    work = _module_work(item.module.__name__ if item.module else "?")
+    work["tests"] += 1
+    work["cpu_s"] += _cpu_seconds() - start_cpu
+    work["wall_s"] += time.time() - start_wall
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get(WORK)
+    if path and _work:
+        with open(path, "a", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            for module, work in sorted(_work.items()):
+                handle.write(json.dumps({"module": module, **work}) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -118,6 +161,7 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
 
     `env` replaces the inherited environment when given."""
     full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    _count_run(args)
     return subprocess.run(args, cwd=str(cwd or REPO), capture_output=True, text=True,
                           timeout=timeout, env=full_env)
 

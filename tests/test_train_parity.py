@@ -17,7 +17,6 @@ from src.migration import torch_resnet
 from src.migration.torch_training import EmaPlan, TorchRecipe, torch_param_groups
 from src.resnet import create_model
 from src.training.optimizer import param_groups
-from src.training.train_step import EmaSchedule
 
 pytestmark = pytest.mark.slow
 TOOL = [PYTHON, "train_parity.py"]
@@ -243,12 +242,16 @@ def test_torch_decay_groups_are_this_repositorys():
 
 
 def test_ema_plan_moves_when_the_mindspore_schedule_does():
+    """Values written down from the definition (src/training/train_step.py, EmaSchedule): the average
+    moves at the steps whose place in the epoch is a multiple of `every` (places 0, 3, 6 of 7), by
+    1 (a copy) up to step `copy_until`, else by alpha."""
     plan = EmaPlan(alpha=0.25, every=3, steps_per_epoch=7, copy_until=2)
-    schedule = EmaSchedule(alpha=0.25, every=3, steps_per_epoch=7, copy_until=2)
-    for step in range(20):
-        due = (step % schedule.steps_per_epoch) % schedule.every == 0
-        expected = (1.0 if step <= schedule.copy_until else schedule.alpha) if due else 0.0
-        assert plan.weight_of_raw(step) == expected
+    assert [plan.weight_of_raw(step) for step in range(20)] == [
+        1.0, 0, 0, 0.25, 0, 0, 0.25,      # epoch 1: places 0..6
+        0.25, 0, 0, 0.25, 0, 0, 0.25,     # epoch 2
+        0.25, 0, 0, 0.25, 0, 0]           # epoch 3, places 0..5
+    every_step = EmaPlan(alpha=0.5, every=1, steps_per_epoch=4, copy_until=2)
+    assert [every_step.weight_of_raw(step) for step in range(6)] == [1.0, 1.0, 1.0, 0.5, 0.5, 0.5]
 
 
 def test_learning_side_by_side_reports_both_curves_per_seed(tmp_path):

@@ -6,12 +6,16 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
+from mindspore.train.callback import RunContext
+from mindspore.train.callback._callback import InternalCallbackParam
 
 from conftest import PYTHON, REPO, run
 from src.cpu_convolution import all_finite_op, unavailable_reason, use_onednn_layers
 from src.loss import create_loss
 from src.resnet import create_model
+from src.training.callbacks import TrainMonitor
 from src.training.checkpoint import EMA_PREFIX
+from src.training.faults import DivergedError, DivergenceGuard
 from src.training.optimizer import create_optimizer
 from src.training.train_step import EmaSchedule, NetWithLoss, TrainStep, ema_schedule
 
@@ -235,3 +239,32 @@ def test_train_py_reports_a_bad_step_key_in_one_line_and_writes_nothing(tmp_path
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "model_ema_decay" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_logged_lr_is_the_one_the_optimizer_applied_after_a_skipped_step(initial):
+    """A step skipped for non-finite gradients does not advance the optimizer's schedule: the lr
+    logged for the next step (and named by the divergence guard) is the one applied then, by the
+    optimizer's own count of updates, not by the callback's step count."""
+    lrs = np.array([0.01, 0.02, 0.03, 0.04], np.float32)
+    net = network(initial)
+    step = train_step(net, lr=lrs, loss_scale=2.0 ** 10,
+                      scale_update=nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 10, scale_factor=2,
+                                                                 scale_window=1000))
+    (images, labels), = batches(1, 4, seed=5)
+    bad = images.copy()
+    bad[0, 0, 0, 0] = np.inf
+    logged = []
+    monitor = TrainMonitor(steps_per_epoch=10, total_steps=10, global_batch=4, lrs=lrs, log_interval=1,
+                           log=logged.append)
+    guard = DivergenceGuard(patience=1, steps_per_epoch=10, lrs=lrs, skips_overflow=False, hints="x")
+    for number, batch in enumerate([images, bad, images], 1):
+        outputs = step(Tensor(batch), Tensor(labels))
+        context = RunContext(InternalCallbackParam(net_outputs=outputs, cur_step_num=number, cur_epoch_num=1,
+                                                   train_network=step))
+        if number == 2:  # skipped: no update; the guard names the skipped step's own lr, 0.02
+            assert bool(outputs[1].asnumpy())
+            with pytest.raises(DivergedError, match=r"global step 2, lr 0\.02\)"):
+                guard.on_train_step_end(context)
+        monitor.on_train_step_end(context)
+    assert int(step.optimizer.global_step.asnumpy()[0]) == 2  # updates applied at steps 1 and 3
+    assert [line.split(" lr ")[1].split()[0] for line in logged] == ["0.010000", "0.010000", "0.020000"]

@@ -76,6 +76,25 @@ class StepCounter(Callback):
     def step_in_epoch(self, step: int) -> int:
         return (step - 1) % self.steps_per_epoch + 1
 
+    def lr_at(self, run_context, lrs: Sequence[float], *, last_applied: bool = True) -> float:
+        """The lr of the optimizer's last applied update (`last_applied`), or of the update it
+        would apply next, by the optimizer's own count of applied updates: a step skipped for
+        non-finite gradients does not advance it, so the callback's step count would run ahead.
+        Networks without that count (THOR's) fall back on the callback's step."""
+        updates = applied_updates(run_context)
+        if updates is None:
+            index = self.global_step(run_context) - 1
+        else:
+            index = updates - 1 if last_applied else updates
+        return float(lrs[min(max(index, 0), len(lrs) - 1)])
+
+
+def applied_updates(run_context) -> Optional[int]:
+    """The optimizer's `global_step` (updates applied so far), or None where there is none."""
+    optimizer = getattr(run_context.original_args().train_network, "optimizer", None)
+    count = getattr(optimizer, "global_step", None)
+    return int(count.asnumpy().reshape(-1)[0]) if isinstance(count, Parameter) else None
+
 
 class TrainMonitor(StepCounter):
     """Logs every `log_interval` steps (or every sink): epoch, step, loss, lr, img/s, ETA; records
@@ -127,7 +146,7 @@ class TrainMonitor(StepCounter):
         now = time.time()
         images_per_second = (step - self.window_step) * self.global_batch / max(now - self.window_time, 1e-9)
         seconds_per_step = (now - self.run_start) / max(step - self.first_step, 1)
-        lr = float(self.lrs[min(step - 1, len(self.lrs) - 1)])
+        lr = self.lr_at(run_context, self.lrs)
         bad = self.bad_samples(params.cur_epoch_num) if self.bad_samples and at_epoch_end else None
         figures = step_figures(params.net_outputs)
         waited = None

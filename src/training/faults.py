@@ -55,9 +55,9 @@ class DivergenceGuard(StepCounter):
         self.patience, self.lrs, self.skips_overflow, self.hints = patience, lrs, skips_overflow, hints
         self.bad_steps = 0
 
-    def where(self, run_context) -> str:
+    def where(self, run_context, skipped: bool = False) -> str:
         step = self.global_step(run_context)
-        lr = float(self.lrs[min(step - 1, len(self.lrs) - 1)])
+        lr = self.lr_at(run_context, self.lrs, last_applied=not skipped)  # a skipped step's own lr
         return (f"epoch {run_context.original_args().cur_epoch_num} step {self.step_in_epoch(step)}/"
                 f"{self.steps_per_epoch} (global step {step}, lr {lr:.6g})")
 
@@ -75,7 +75,7 @@ class DivergenceGuard(StepCounter):
             what = f"loss {loss}" if not math.isfinite(loss) else "non-finite gradients"
             applied = " (not applied)" if skipped else ""  # THOR's steps report no overflow: applied
             raise DivergedError(f"training diverged: {what} for {self.bad_steps} consecutive step(s) up to "
-                                f"{self.where(run_context)}{applied}; no checkpoint with NaN/Inf was written; "
+                                f"{self.where(run_context, skipped)}{applied}; no checkpoint with NaN/Inf was written; "
                                 f"try {self.hints}", step=self.global_step(run_context) if skipped else None)
 
     def check_weights(self, run_context) -> None:
