@@ -478,6 +478,11 @@ def layer_table(rows) -> List[Dict[str, object]]:
             found = row.checks.get(check, {})
             entry[f"{check}_diff"] = found.get("difference", "")
             entry[f"{check}_ratio"] = found.get("ratio", "")
+        weight_grads = {name[len("grad "):]: check for name, check in row.checks.items() if name.startswith("grad ")}
+        worst = max(weight_grads.items(), key=lambda item: item[1]["ratio"], default=(None, {}))
+        entry["weight_grad_worst"] = worst[0] or ""
+        entry["weight_grad_diff"] = worst[1].get("difference", "")
+        entry["weight_grad_ratio"] = worst[1].get("ratio", "")
         table.append(entry)
     return table
 

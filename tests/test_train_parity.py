@@ -57,6 +57,26 @@ def resnet18_late_bias(num_classes=1000):
     return model
 
 
+class TransposedKernelGradient(torch.nn.Conv2d):
+    """A convolution whose output and input gradient are right but whose kernel gradient comes back
+    transposed (in <-> out channels): only a comparison of weight gradients can see it."""
+
+    def forward(self, x):
+        kernel = self.weight.transpose(0, 1)
+        kernel = kernel + (self.weight - kernel).detach()  # the value of weight, the gradient transposed
+        return self._conv_forward(x, kernel, self.bias)
+
+
+def resnet18_transposed_kernel_gradient(num_classes=1000):
+    model = torch_resnet.resnet18(num_classes)
+    old = model.layer2[0].conv2
+    planted = TransposedKernelGradient(old.in_channels, old.out_channels, old.kernel_size, old.stride, old.padding,
+                                       bias=False)
+    planted.load_state_dict(old.state_dict())
+    model.layer2[0].conv2 = planted
+    return model
+
+
 def resnext_reflect(num_classes=1000):
     """One 3x3 grouped convolution that pads by reflection instead of zeros."""
     model = torch_resnet.resnext50_32x4d(num_classes)
@@ -160,6 +180,19 @@ def test_a_difference_only_in_the_final_weights_fails_and_is_named(cifar_dir, tm
     assert report["tensors_within"] == report["tensors"] - 1
     beyond = [r for r in rows(out / "weights.csv") if r["within"] != "True"]
     assert [(r["what"], r["name"]) for r in beyond] == [("after step 2", "fc.bias")]
+
+
+def test_a_kernel_gradient_wrong_only_in_the_weights_is_named_by_the_layer_finder(cifar_dir, tmp_path):
+    out = tmp_path / "out"
+    result, report = parity(cifar_dir, out, "--steps", "1", "--torch_model",
+                            "planted:resnet18_transposed_kernel_gradient", env=planted_env(tmp_path))
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert report["first_bad_step"] == 1 and report["first_difference"] == "layer2.0.conv2"
+    layer = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer2.0.conv2")
+    assert layer["weight_grad_worst"] == "weight" and float(layer["weight_grad_ratio"]) > 1e3
+    assert float(layer["output_ratio"]) < 100 and float(layer["input_grad_ratio"]) < 100
+    differing = {r["layer"] for r in rows(out / "layers.csv") if r["status"] == "differs"}
+    assert {name for name in differing if name.split(".")[-1].startswith(("bn", "conv"))} == {"layer2.0.conv2"}
 
 
 def test_a_planted_convolution_padding_in_resnext_is_found(cifar_dir, tmp_path):

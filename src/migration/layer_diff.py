@@ -6,8 +6,9 @@ then each module (copied, in float32 and in float64) and the MindSpore cell of t
 run on that very input and send that very gradient back. So a layer's difference is its own, not
 the drift of the layers before it, and it is judged against its own rounding floor: how far the
 float64 module is from the float32 one. A layer differs where MindSpore's output, its gradient
-with respect to the input, or (BatchNorm) its updated running statistics are further from
-PyTorch's than `multiple` x that floor. Modules called more than once per forward (a shared ReLU)
+with respect to the input, the gradient of any of its weights (a kernel's, a bias's, BatchNorm's
+scale and shift: checks named "grad <parameter>"), or (BatchNorm) its updated running statistics
+are further from PyTorch's than `multiple` x that floor. Modules called more than once per forward (a shared ReLU)
 and modules without a MindSpore cell of their name (torchvision's `avgpool`) are listed, not judged.
 Runs in PYNATIVE mode (per-cell calls).
 """
@@ -116,7 +117,8 @@ def capture(model, images: np.ndarray, labels: np.ndarray, *, label_smoothing: f
 
 
 def torch_layer(module, inputs: np.ndarray, output_grad: np.ndarray, *, double: bool):
-    """A copy of `module` run on `inputs`, `output_grad` sent back: (output, input gradient, statistics)."""
+    """A copy of `module` run on `inputs`, `output_grad` sent back: (output, input gradient,
+    statistics, the gradient of each of its parameters by its name within the module)."""
     import torch  # noqa: PLC0415
     module = copy.deepcopy(module).train()
     dtype = torch.float64 if double else torch.float32
@@ -126,25 +128,33 @@ def torch_layer(module, inputs: np.ndarray, output_grad: np.ndarray, *, double: 
     out.backward(torch.from_numpy(output_grad).to(dtype))
     statistics = {name: getattr(module, name).detach().double().numpy().copy()
                   for name in TORCH_STATISTICS if getattr(module, name, None) is not None}
-    return out.detach().double().numpy(), x.grad.detach().double().numpy(), statistics
+    weight_grads = {name: param.grad.detach().double().numpy().copy()
+                    for name, param in module.named_parameters() if param.grad is not None}
+    return out.detach().double().numpy(), x.grad.detach().double().numpy(), statistics, weight_grads
 
 
 def mindspore_layer(cell, inputs: np.ndarray, output_grad: np.ndarray):
-    """`cell` run on `inputs` in training mode with `output_grad` sent back; its parameters are
-    restored afterwards (a BatchNorm's moving statistics move in training mode)."""
+    """`cell` run on `inputs` in training mode with `output_grad` sent back: (output, input
+    gradient, statistics, the gradient of each trainable parameter by its torch name). Its
+    parameters are restored afterwards (a BatchNorm's moving statistics move in training mode)."""
     import mindspore as ms  # noqa: PLC0415
+
+    from src.migration.convert_torch import ms_to_torch_name  # noqa: PLC0415
     saved = {param.name: param.asnumpy().copy() for param in cell.get_parameters()}
+    weights = cell.trainable_params()
     cell.set_train(True)
     try:
-        out, backward = ms.vjp(cell, ms.Tensor(inputs))
-        grad = backward(ms.Tensor(output_grad.astype(np.float32)))
+        out, backward = ms.vjp(cell, ms.Tensor(inputs), weights=weights)
+        grad, param_grads = backward(ms.Tensor(output_grad.astype(np.float32)))
         grad = grad[0] if isinstance(grad, tuple) else grad
         statistics = {torch_name: getattr(cell, ms_name).asnumpy().astype(np.float64)
                       for torch_name, ms_name in zip(TORCH_STATISTICS, MS_STATISTICS) if hasattr(cell, ms_name)}
+        weight_grads = {ms_to_torch_name(param.name): value.asnumpy().astype(np.float64)
+                        for param, value in zip(weights, param_grads)}
     finally:
         for param in cell.get_parameters():
             param.set_data(ms.Tensor(saved[param.name]))
-    return out.asnumpy().astype(np.float64), grad.asnumpy().astype(np.float64), statistics
+    return out.asnumpy().astype(np.float64), grad.asnumpy().astype(np.float64), statistics, weight_grads
 
 
 def compare_layer(record: Captured, cell, multiple: float) -> LayerRow:
@@ -159,10 +169,10 @@ def compare_layer(record: Captured, cell, multiple: float) -> LayerRow:
     if record.output_grad is None:
         row.status = "not compared: no gradient reaches it"
         return row
-    out32, grad32, stats32 = torch_layer(record.module, record.inputs, record.output_grad, double=False)
-    out64, grad64, stats64 = torch_layer(record.module, record.inputs, record.output_grad, double=True)
+    out32, grad32, stats32, weights32 = torch_layer(record.module, record.inputs, record.output_grad, double=False)
+    out64, grad64, stats64, weights64 = torch_layer(record.module, record.inputs, record.output_grad, double=True)
     try:
-        out_ms, grad_ms, stats_ms = mindspore_layer(cell, record.inputs, record.output_grad)
+        out_ms, grad_ms, stats_ms, weights_ms = mindspore_layer(cell, record.inputs, record.output_grad)
     except (RuntimeError, TypeError, ValueError) as err:
         row.status = "differs"
         row.checks["runs"] = judged(float("inf"), 0.0, multiple)
@@ -177,6 +187,11 @@ def compare_layer(record: Captured, cell, multiple: float) -> LayerRow:
                                       relative_difference(value, stats64[name]), multiple)
         else:
             row.checks[name] = judged(float("inf"), 0.0, multiple)  # MindSpore's cell keeps no statistics
+    for name, value in weights32.items():  # a missing or mis-shaped gradient is an infinite difference
+        found = weights_ms.get(f"{record.name}.{name}")
+        row.checks[f"grad {name}"] = judged(
+            float("inf") if found is None else relative_difference(value, found),
+            relative_difference(value, weights64[name]), multiple)
     if not all(check["within"] for check in row.checks.values()):
         row.status = "differs"
     return row
