@@ -9,11 +9,16 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
+from mindspore import Tensor, nn
+from mindspore.train.callback import RunContext
+from mindspore.train.callback._callback import InternalCallbackParam
 from PIL import Image
 
 from conftest import PYTHON, REPO, run
 from src.cpu_convolution import unavailable_reason
 from src.data.sources import CIFAR_RECORD_BYTES
+from src.training.callbacks import ProfilerMonitor
+from src.training.profile_table import find_summary, read_summary
 from src.training.step_time import INPUT_BOUND_SHARE
 from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard
 
@@ -92,6 +97,31 @@ def test_profiler_table_names_the_convolutions(watched_run):
                 else {"Custom:OneDnnConv2d", "Custom:OneDnnConv2d backward"})
     assert expected <= kinds, kinds
     assert all(float(row["calls_per_step"]) > 0 and float(row["ms_per_step"]) > 0 for row in table)
+
+
+def test_the_profiler_counts_steps_not_callbacks_and_a_report_failure_is_a_warning(tmp_path):
+    """In sink mode a callback ends a whole sink: 4 sinks of 4 steps, one skipped, one warm-up, 2
+    profiled are 8 profiled steps, and the table's figures are per step. A table that cannot be
+    written is one warning line; nothing is raised into the training."""
+    folder = tmp_path / "profiler"
+    (folder / "top_operators.csv").mkdir(parents=True)  # where the table goes: writing it fails
+    lines: List[str] = []
+    monitor = ProfilerMonitor(folder=str(folder), device_target="CPU", steps=2, log=lines.append)
+    net = nn.Dense(64, 64)
+
+    def context(step):
+        return RunContext(InternalCallbackParam(cur_step_num=step, cur_epoch_num=1))
+
+    monitor.on_train_begin(context(0))
+    for sink_end in (4, 8, 12, 16):
+        for _ in range(4):  # one sink's steps
+            net(Tensor(np.ones((8, 64), np.float32))).asnumpy()
+        monitor.on_train_step_end(context(sink_end))
+    assert monitor.profiled_steps == 8 and monitor.profiler is None
+    summary = find_summary(str(folder))
+    matmul = next(row for row in read_summary(summary, monitor.profiled_steps) if row.op_type == "MatMul")
+    assert matmul.calls_per_step == 1.0  # 8 calls over 8 steps, not 8 over 2 callbacks
+    assert [line for line in lines if line.startswith("warning: the profiler's report was not written")]
 
 
 # The training data source, slowed by a test-only delay per sample, then train.py as usual.

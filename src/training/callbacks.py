@@ -2,6 +2,7 @@
 
 Steps are global: a resumed run starts counting at `first_step` (the checkpoint's step), because
 MindSpore's own step counter restarts at 1 in every process."""
+import csv
 import hashlib
 import json
 import math
@@ -345,7 +346,12 @@ class ProfilerMonitor(Callback):
     chrome://tracing or MindStudio Insight open it). When those steps are done it stops the
     profiler and logs the operators that took the most time, with the steps' split between waiting
     for data and computing (from `clock`); the table goes to `folder`/top_operators.csv and, with a
-    `board`, to TensorBoard's text panel."""
+    `board`, to TensorBoard's text panel.
+
+    The profiler's schedule counts callbacks; in sink mode (Ascend, GPU) a callback ends a whole
+    sink, so the steps the profiled callbacks covered are counted from the run context's step
+    number, and the per-step figures are divided by those steps. Reading or writing the report can
+    only fail with one warning line: it never ends the training."""
 
     SKIPPED, WARMUP = 1, 1
 
@@ -357,6 +363,8 @@ class ProfilerMonitor(Callback):
         self.profiler = None
         self.calls = 0
         self.clock_before = None
+        self.last_step = 0
+        self.profiled_steps = 0  # training steps inside the profiled callbacks
 
     def on_train_begin(self, run_context) -> None:
         if self.calls:  # a second train() call of a resumed run: the profiled steps are done
@@ -376,23 +384,32 @@ class ProfilerMonitor(Callback):
     def on_train_step_end(self, run_context) -> None:
         if self.profiler is None:
             return
+        step = run_context.original_args().cur_step_num
+        covered, self.last_step = step - self.last_step, step  # 1, or a whole sink
         self.profiler.step()
         self.calls += 1
+        if self.calls > self.SKIPPED + self.WARMUP:
+            self.profiled_steps += covered
         if self.calls == self.SKIPPED + self.WARMUP and self.clock:
             self.clock_before = self.clock.totals()
         if self.calls == self.SKIPPED + self.WARMUP + self.steps:
-            self._finish(run_context, self.steps)
+            self._finish(run_context)
 
     def on_train_end(self, run_context) -> None:
         if self.profiler is not None:  # the run ended before the profiled steps did
-            self._finish(run_context, self.calls - self.SKIPPED - self.WARMUP)
+            self._finish(run_context)
 
-    def _finish(self, run_context, steps: int) -> None:
+    def _finish(self, run_context) -> None:
         share = wait_share(self.clock_before, self.clock.totals()) if self.clock_before else None
-        self.profiler.stop()
-        self.profiler = None
-        if steps > 0:
-            self.report(self.first_step + run_context.original_args().cur_step_num, steps, share)
+        profiler, self.profiler = self.profiler, None
+        try:
+            profiler.stop()
+            if self.profiled_steps > 0:
+                self.report(self.first_step + run_context.original_args().cur_step_num, self.profiled_steps, share)
+        except (OSError, ValueError, KeyError, RuntimeError, csv.Error) as err:
+            self.log(f"warning: the profiler's report was not written ({type(err).__name__}: "
+                     f"{str(err).splitlines()[0][:200] if str(err) else ''}); training goes on; its traces are "
+                     f"under {self.folder}")
 
     def report(self, step: int, steps: int, share: Optional[float]) -> None:
         """Log and save the table of the operators that took the most time over `steps` steps."""
