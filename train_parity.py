@@ -104,6 +104,9 @@ def parse_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, Config]:
                         help="replay step --step on --ckpt and name where it first goes NaN/Inf")
     parser.add_argument("--ckpt", default=None)
     parser.add_argument("--step", type=int, default=1, help="the global step (1-based) whose batch is replayed")
+    parser.add_argument("--ranks", type=int, default=0,
+                        help="with --find_nonfinite on a data-parallel run: its number of ranks (with --rank)")
+    parser.add_argument("--rank", type=int, default=0, help="the rank whose batch --find_nonfinite replays")
     parser.add_argument("--learn", type=int, default=0, metavar="EPOCHS",
                         help="train EPOCHS epochs in both frameworks per --seeds and print held-out top-1 per epoch "
                              "(default data: scikit-learn's digits)")
@@ -125,6 +128,7 @@ def check_request(args: argparse.Namespace, cfg: Config) -> None:
     if args.find_nonfinite:  # MindSpore alone: any network
         if not args.ckpt:
             raise UserInputError("--find_nonfinite replays a step on a checkpoint: pass --ckpt FILE and --step N")
+        check_replay_ranks(args, cfg)
         return
     if cfg.net_name in ZOO_NETWORKS:
         raise UserInputError(f"{cfg.net_name} has no PyTorch reference (torchvision has no such network), so "
@@ -134,6 +138,20 @@ def check_request(args: argparse.Namespace, cfg: Config) -> None:
     check_torch_optimizer(cfg.optimizer)
     if cfg.model_ema:
         check_ema_decay(cfg.model_ema_decay)
+
+
+def check_replay_ranks(args: argparse.Namespace, cfg: Config) -> None:
+    """A data-parallel run's step saw a different batch on each rank: replaying one needs the run's
+    ranks and the rank (train.py wrote nonfinite_rank<r>.json beside the checkpoint for each)."""
+    folder = os.path.dirname(os.path.abspath(args.ckpt))
+    ranks_seen = sorted(glob.glob(os.path.join(folder, "*_rank[1-9]*.json")))
+    sign = "run_distribute True" if cfg.run_distribute else (os.path.basename(ranks_seen[0]) if ranks_seen else "")
+    if args.ranks == 0 and sign:
+        raise UserInputError(f"{args.ckpt} is from a data-parallel run ({sign}): "
+                             f"each rank's step saw its own batch; pass --ranks N (the run's ranks) and --rank R "
+                             f"(the rank to replay; train.py named the failing step in nonfinite_rank<R>.json)")
+    if args.ranks and not 0 <= args.rank < args.ranks:
+        raise UserInputError(f"--rank {args.rank} is not a rank of --ranks {args.ranks}; choose 0..{args.ranks - 1}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,14 +523,15 @@ def find_nonfinite(cfg: Config, args: argparse.Namespace, log) -> int:
     load_into_network(net, args.ckpt, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
     mixed_precision_network(net, resolve_amp_level(cfg.amp_level, cfg.device_target))
     batch = (read_batches(args.batches, 1, cfg, first=args.step - 1) if args.batches
-             else host_batches(cfg, 0, 1, first=args.step - 1, count=1))[0]
+             else host_batches(cfg, args.rank, max(args.ranks, 1), first=args.step - 1, count=1))[0]
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
     result, which = replay_micro_batches(net, loss, *batch, parts=cfg.grad_accumulation_steps,
                                          loss_scale=cfg.loss_scale if cfg.loss_scale_type != "none" else 1.0)
     path = write_replay(result, args.output_dir)
     log(f"step {args.step}{f' ({which})' if which else ''} on {args.ckpt}: {result.describe()} ({path})")
-    print(json.dumps(json_safe({"ok": result.finite, "step": args.step, "ckpt": args.ckpt, "loss": result.loss,
+    print(json.dumps(json_safe({"ok": result.finite, "step": args.step, "rank": args.rank,
+                                "ranks": max(args.ranks, 1), "ckpt": args.ckpt, "loss": result.loss,
                                 "first_nonfinite_layer": result.first_layer,
                                 "first_nonfinite_gradient": result.first_gradient,
                                 "nonfinite_weights": len(result.non_finite_weights)}), allow_nan=False), flush=True)

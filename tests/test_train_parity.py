@@ -222,6 +222,27 @@ def test_the_first_non_finite_layer_of_a_replayed_step_is_named(cifar_dir, tmp_p
     assert found["first_layer"] == "layer3.0.conv1" and found["first_layer_input_finite"] is True
 
 
+def test_a_data_parallel_runs_step_is_replayed_as_its_rank_saw_it(cifar_dir, tmp_path):
+    """A checkpoint beside another rank's files is from a data-parallel run: without --ranks and
+    --rank the replay refuses in one line; with them it replays that rank's share of the step."""
+    net = create_model("resnet18", num_classes=10)
+    ckpt = tmp_path / "run" / "resnet18-1_4.ckpt"
+    ckpt.parent.mkdir()
+    ms.save_checkpoint(net, str(ckpt))
+    (tmp_path / "run" / "nonfinite_rank1.json").write_text("{}")
+    refused, _ = parity(cifar_dir, tmp_path / "out", "--find_nonfinite", "--ckpt", str(ckpt), "--step", "3")
+    assert refused.returncode == 2
+    assert "is from a data-parallel run (nonfinite_rank1.json)" in refused.stderr and "--ranks N" in refused.stderr
+    replays = {}
+    for rank in (0, 1):
+        result, report = parity(cifar_dir, tmp_path / f"out{rank}", "--find_nonfinite", "--ckpt", str(ckpt),
+                                "--step", "3", "--ranks", "2", "--rank", str(rank))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert (report["rank"], report["ranks"], report["ok"]) == (rank, 2, True)
+        replays[rank] = report["loss"]
+    assert replays[0] != replays[1]  # each rank's own batch
+
+
 @pytest.mark.parametrize("extra, expected", [
     (["--arch", "se-resnet50"], "has no PyTorch reference"),
     (["--optimizer", "LARS"], "torch.optim has no LARS"),
