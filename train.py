@@ -10,7 +10,7 @@ import random
 import shlex
 import sys
 import tempfile
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 import mindspore.dataset as mds
@@ -120,33 +120,45 @@ def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *
                           max_bad_samples=cfg.max_bad_samples)
 
 
-def host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
-                 count: Optional[int]) -> List[Tuple[np.ndarray, np.ndarray]]:
+def iter_host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
+                      count: Optional[int]) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
     """This rank's training batches of global steps first..first+count-1 (0-based; count None: to the
-    end of that epoch), through the input stage's host computation: float32 NCHW images, and int
-    labels or soft targets. Every draw is a function of (seed, epoch, index), so they are the
-    training's own batches."""
+    end of that epoch), one at a time, through the input stage's host computation: float32 NCHW
+    images, and int labels or soft targets. Every draw is a function of (seed, epoch, index), so
+    they are the training's own batches."""
     recipe, normalization = data_recipe(cfg), normalization_of(cfg.dataset)
-    found: List[Tuple[np.ndarray, np.ndarray]] = []
+    given = 0
     with tempfile.TemporaryDirectory() as scratch:
         batches = create_train_dataset(cfg, rank, group_size, scratch)
         per_epoch = batches.get_dataset_size()
         epoch, skip = divmod(first, per_epoch)
         count = per_epoch - skip if count is None else count
-        while len(found) < count:
+        while given < count:
             if (epoch, skip) != (0, 0):
                 batches = create_train_dataset(cfg, rank, group_size, scratch, start_epoch=epoch, skip_batches=skip)
             iterator = batches.create_tuple_iterator(num_epochs=1, output_numpy=True)
             for columns in iterator:
                 images, labels, erase, mix = (list(columns) + [None, None])[:4]
-                found.append(host_input_stage(images, labels, erase, mix, normalization=normalization,
-                                              num_classes=cfg.class_num, mixes=recipe.mixes))
-                if len(found) == count:
+                yield host_input_stage(images, labels, erase, mix, normalization=normalization,
+                                       num_classes=cfg.class_num, mixes=recipe.mixes)
+                given += 1
+                if given == count:
                     break
             iterator.stop()
             epoch, skip = epoch + 1, 0
             batches = None  # the next epoch is a new pipeline
-    return found
+
+
+def host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
+                 count: Optional[int]) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """`iter_host_batches` as a list (a few steps' batches: the parity tools)."""
+    return list(iter_host_batches(cfg, rank, group_size, first=first, count=count))
+
+
+def steps_per_epoch_of(cfg: Config, rank: int = 0, group_size: int = 1) -> int:
+    """The training steps of one epoch for this rank (the pipeline's size; nothing is read)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return create_train_dataset(cfg, rank, group_size, scratch).get_dataset_size()
 
 
 def check_data(cfg: Config, log) -> None:

@@ -17,6 +17,7 @@ from src.migration import torch_resnet
 from src.migration.torch_training import EmaPlan, TorchRecipe, torch_param_groups
 from src.resnet import create_model
 from src.training.optimizer import param_groups
+from train_parity import LEARN_FLOOR, learning_verdict
 
 pytestmark = pytest.mark.slow
 TOOL = [PYTHON, "train_parity.py"]
@@ -310,15 +311,35 @@ def test_ema_plan_moves_when_the_mindspore_schedule_does():
 
 def test_learning_side_by_side_reports_both_curves_per_seed(tmp_path):
     """--learn on the default data (scikit-learn's digits): held-out top-1 of both frameworks for
-    each seed and epoch, and whether their spreads overlap (one seed: whether the two values do)."""
+    each seed and epoch, streamed from the pipelines, and the verdict: the difference of the final
+    means against its standard error over the seeds (one seed: LEARN_FLOOR), whichever way it goes."""
     result = run(TOOL + ["--learn", "1", "--seeds", "1", "--config_path", "config/resnet18_cifar10.yaml",
                          "--device_target", "CPU", "--train_image_size", "32", "--eval_image_size", "32",
                          "--batch_size", "128", "--warmup_epochs", "0", "--num_parallel_workers", "1",
                          "--output_dir", str(tmp_path)])
-    assert result.returncode in (0, 1), result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert list(report["learn"]) == ["1"] and len(report["overlap"]) == 1
-    for curves in report["learn"].values():
-        assert all(len(curves[side]) == 1 and 0.0 <= curves[side][0] <= 1.0 for side in ("mindspore", "torch"))
-    assert report["ok"] == report["overlap"][0] and (result.returncode == 0) == report["ok"]
+    curves = report["learn"]["1"]
+    assert list(report["learn"]) == ["1"]
+    assert all(len(curves[side]) == 1 and 0.0 <= curves[side][0] <= 1.0 for side in ("mindspore", "torch"))
+    verdict = report["verdict"]
+    difference = abs(curves["mindspore"][0] - curves["torch"][0])
+    assert verdict["standard_error"] == 0.0 and verdict["allowed"] == LEARN_FLOOR  # one seed: no spread
+    assert verdict["difference"] == pytest.approx(difference)
+    assert report["ok"] == (difference <= LEARN_FLOOR)  # which verdict, and why
+    assert result.returncode == (0 if report["ok"] else 1), result.stderr[-3000:]
     assert (tmp_path / "digits" / "test_batch.bin").exists()
+
+
+def test_the_learning_rule_is_a_difference_of_means_against_the_spread():
+    """Seed ranges that overlap (one seed of MindSpore's fell low) but means 0.08 apart with a
+    standard error of 0.02 fail; means within two standard errors pass; one seed gets the floor."""
+    apart = {seed: {"mindspore": [ms_top1], "torch": [0.70]}
+             for seed, ms_top1 in enumerate([0.80, 0.80, 0.80, 0.80, 0.70])}
+    verdict = learning_verdict(apart)
+    assert verdict["difference"] == pytest.approx(0.08)
+    assert verdict["standard_error"] == pytest.approx(np.std([0.8] * 4 + [0.7], ddof=1) / 5 ** 0.5)
+    assert verdict["allowed"] == pytest.approx(2 * verdict["standard_error"]) and verdict["ok"] is False
+    close = {1: {"mindspore": [0.80], "torch": [0.78]}, 2: {"mindspore": [0.70], "torch": [0.74]}}
+    assert learning_verdict(close)["ok"] is True  # 0.01 apart, standard error 0.054
+    one = learning_verdict({1: {"mindspore": [0.80], "torch": [0.79]}})
+    assert (one["standard_error"], one["allowed"], one["ok"]) == (0.0, LEARN_FLOOR, True)
