@@ -16,10 +16,13 @@ import pytest
 from mindspore.mindrecord import FileWriter
 
 from conftest import PYTHON, REPO, run
+from src.data import mindrecord
 from src.data.bad_samples import scan_unreadable
 from src.data.mindrecord import prepare_partial
 from src.data.recipe import Augmentation
+from src.data.sample_data import write_sample_data
 from src.data.shards import CLASS_LIST, MANIFEST, MindRecordSource, read_header, records_in
+from src.data.sources import ImageFolderSource
 from src.dataset import create_dataset, create_source
 from src.errors import UserInputError, user_error_message
 from test_faults import small_disk
@@ -150,6 +153,124 @@ def test_a_half_written_done_marker_is_not_taken_for_a_done_shard(tmp_path):
     (tmp_path / "p" / "part-00000-of-00002.mindrecord.done").write_text('{"file": "part-0')
     assert prepare_partial(str(tmp_path / "p"), plan) == []
     assert (tmp_path / "p" / "plan.json").exists()  # the same plan: kept, not started over
+
+
+def test_a_shard_killed_between_its_two_files_is_written_again(tmp_path):
+    """Only the index file (.db) of a shard marked done: no traceback, the shard is not taken as done."""
+    plan = {"records": 4, "shards": 2, "kind": "encoded", "fingerprint": "f"}
+    partial = tmp_path / "p"
+    prepare_partial(str(partial), plan)
+    shard = "part-00000-of-00002.mindrecord"
+    (partial / f"{shard}.done").write_text(json.dumps({"file": shard, "records": 2, "bytes": 100}))
+    (partial / f"{shard}.db").write_bytes(b"index")
+    assert prepare_partial(str(partial), plan) == []
+
+
+class Killed(BaseException):
+    """A SIGKILL at a file-system change: nothing after it runs (not an Exception: no handler sees it)."""
+
+
+class KillingOs:
+    """The converter's `os`, killing the process (raising Killed) at its `at`-th change of the file
+    system once armed; every other name is os's."""
+
+    def __init__(self, at: int):
+        self.at, self.changes, self.armed = at, 0, False
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def change(self, what):
+        if self.armed:
+            self.changes += 1
+            if self.changes == self.at:
+                raise Killed(what)
+
+    def remove(self, path):
+        self.change(("remove", path))
+        os.remove(path)
+
+    def rename(self, source, target):
+        self.change(("rename", source))
+        os.rename(source, target)
+
+
+def records_of(folder: Path) -> list:
+    source = MindRecordSource(str(folder), kind="encoded")
+    return list(source.read(np.arange(len(source))))
+
+
+def test_a_conversion_killed_at_each_step_after_its_last_shard_loses_no_shard(sample_root, tmp_path, monkeypatch):
+    """Killed at each of the file-system changes after the last shard is done (the class list, the
+    manifest, the rename into place, the plan and the 6 markers), the same command again writes no
+    shard and ends with the records of an uninterrupted conversion."""
+    train = sample_root / "imagenet" / "train"
+    straight = tmp_path / "straight"
+    mindrecord.convert_split(ImageFolderSource(str(train), training=True), str(straight), shards=6, workers=1,
+                             overwrite=False, log=lambda line: None)
+    expected = records_of(straight)
+    real_write_shards, real_write_atomic = mindrecord.write_shards, mindrecord.write_atomic
+    at = 1
+    while True:
+        killer = KillingOs(at)
+        written = []
+
+        def write_shards(tasks, *args, killer=killer, written=written, **kwargs):
+            written.append(len(tasks))
+            entries = real_write_shards(tasks, *args, **kwargs)
+            killer.armed = True  # the last shard is done: count the changes from here
+            return entries
+
+        def write_atomic(path, text, killer=killer):
+            killer.change(("write", path))
+            real_write_atomic(path, text)
+
+        output = tmp_path / f"killed{at}"
+        with monkeypatch.context() as patch:
+            patch.setattr(mindrecord, "os", killer)
+            patch.setattr(mindrecord, "write_shards", write_shards)
+            patch.setattr(mindrecord, "write_atomic", write_atomic)
+            try:
+                mindrecord.convert_split(ImageFolderSource(str(train), training=True), str(output), shards=6,
+                                         workers=1, overwrite=False, log=lambda line: None)
+                killed = False
+            except Killed:
+                killed = True
+        if not killed:  # every change came and went: the last one was `at - 1`
+            break
+        with monkeypatch.context() as patch:
+            patch.setattr(mindrecord, "write_shards", write_shards)
+            mindrecord.convert_split(ImageFolderSource(str(train), training=True), str(output), shards=6,
+                                     workers=1, overwrite=False, log=lambda line: None)
+        assert written[1:] in ([], [0]), f"killed at change {at}: the rerun wrote {written[1:]} shards"
+        assert records_of(output) == expected, f"killed at change {at}"
+        assert not (output.parent / f"{output.name}.partial").exists()
+        assert not [p for p in output.iterdir() if p.name.endswith(".done") or p.name == "plan.json"]
+        at += 1
+    assert at - 1 == 10  # class list, manifest, rename, plan, 6 done markers
+
+
+def test_an_image_replaced_under_the_same_name_is_not_taken_as_converted(tmp_path):
+    """The fingerprint holds each file's size and time: a converted folder whose image was replaced
+    is no longer "already converted"; the error names the file, --overwrite converts it again."""
+    folder = tmp_path / "images"
+    write_sample_data(str(tmp_path / "sample"), train_per_class=2, test_per_class=1, formats=("imagenet",))
+    shutil.copytree(tmp_path / "sample" / "imagenet" / "train", folder)
+    first = convert(folder, tmp_path / "shards", "--shards", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    classes = sorted(p for p in folder.iterdir() if p.is_dir())
+    replaced = sorted(classes[0].iterdir())[0]
+    replaced.write_bytes(sorted(classes[1].iterdir())[0].read_bytes())  # another class's image, same name
+    stale = convert(folder, tmp_path / "shards", "--shards", "2")
+    assert stale.returncode == 2
+    line = stale.stderr.strip().splitlines()[-1]
+    assert "already holds a conversion of other images" in line
+    assert f"changed: {replaced.relative_to(folder)}" in line and "--overwrite" in line
+    again = convert(folder, tmp_path / "shards", "--shards", "2", "--overwrite")
+    assert again.returncode == 0, again.stderr[-3000:]
+    source = MindRecordSource(str(tmp_path / "shards"), kind="encoded")
+    index = source.paths.index(str(replaced.relative_to(folder)))
+    assert dict(source.read(np.array([index])))[index] == replaced.read_bytes()
 
 
 # ---------------------------------------------------------------- the same batches as the folders

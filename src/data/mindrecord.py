@@ -100,14 +100,41 @@ def default_shards(source) -> int:
     return max(1, min(total, 1000, math.ceil(total * mean / SHARD_BYTES)))
 
 
-def fingerprint(source) -> str:
-    """What identifies the source's records (their order, labels, and names or pixels), for resuming."""
+def source_files(source) -> List[List]:
+    """Each image file of a folder source: [name, size, modification time in ns], as build tools
+    tell a changed file (a file replaced under the same name changes its size or time)."""
+    if kind_of(source) == PIXELS:
+        return []
+    files = []
+    for path in source.paths:
+        stat = os.stat(path)
+        files.append([os.path.relpath(path, source.root), stat.st_size, stat.st_mtime_ns])
+    return files
+
+
+def fingerprint(source, files: Optional[List[List]] = None) -> str:
+    """What identifies the source's records (their order, labels, and the files' names, sizes and
+    times, or the pixels), for resuming and for telling a stale conversion."""
     digest = hashlib.sha256(np.ascontiguousarray(source.labels).tobytes())
     if kind_of(source) == PIXELS:
         digest.update(source.images.tobytes())
     else:
-        digest.update("\0".join(os.path.relpath(path, source.root) for path in source.paths).encode())
+        digest.update(json.dumps(source_files(source) if files is None else files).encode())
     return digest.hexdigest()
+
+
+def changed_files(manifest: Dict, files: List[List], shown: int = 5) -> str:
+    """The files that differ between a conversion's manifest and the source now, in a phrase."""
+    if files and "files" not in manifest:
+        return "converted by an earlier version, which did not record the files' sizes and times"
+    before = {name: (size, time) for name, size, time in manifest.get("files") or []}
+    now = {name: (size, time) for name, size, time in files}
+    changed = [name for name in now if name in before and before[name] != now[name]]
+    added = [name for name in now if name not in before]
+    removed = [name for name in before if name not in now]
+    parts = [f"{what}: {', '.join(names[:shown])}" + (f" (+{len(names) - shown})" if len(names) > shown else "")
+             for what, names in (("changed", changed), ("new", added), ("gone", removed)) if names]
+    return "; ".join(parts) or "the labels or the order of the images differ"
 
 
 def shard_bounds(total: int, shards: int) -> List[Tuple[int, int]]:
@@ -169,7 +196,9 @@ def prepare_partial(partial: str, plan: Dict) -> List[Dict]:
     for name in sorted(os.listdir(partial)):
         entry = _read_json(os.path.join(partial, name)) if name.endswith(DONE) else None
         shard = os.path.join(partial, entry["file"]) if entry else ""
-        if entry and os.path.isfile(shard + ".db") and os.path.getsize(shard) == entry["bytes"]:
+        # a kill between a shard's two files leaves one of them: that shard is written again
+        if (entry and os.path.isfile(shard) and os.path.isfile(shard + ".db")
+                and os.path.getsize(shard) == entry["bytes"]):
             done.append(entry)
     return done
 
@@ -187,14 +216,17 @@ def convert_split(source, output: str, *, shards: Optional[int], workers: int, o
     """Convert one split into `output`; returns its manifest."""
     total = len(source)
     shards = min(shards or default_shards(source), total)
-    plan = {"records": total, "shards": shards, "kind": kind_of(source), "fingerprint": fingerprint(source)}
+    files = source_files(source)
+    plan = {"records": total, "shards": shards, "kind": kind_of(source), "fingerprint": fingerprint(source, files)}
     if os.path.isfile(os.path.join(output, MANIFEST)) and not overwrite:
         manifest = read_manifest(output)
         if manifest.get("fingerprint") == plan["fingerprint"]:
+            remove_markers(output)  # a kill after the finished folder was renamed into place left them
             log(f"{output}: already converted ({total} records in {len(manifest['shards'])} shards)")
             return manifest
-        raise UserInputError(f"{output} already holds a conversion of other images; pass --overwrite to "
-                             f"replace it, or choose another --output")
+        raise UserInputError(f"{output} already holds a conversion of other images "
+                             f"({changed_files(manifest, files)}); pass --overwrite to convert again, or choose "
+                             f"another --output")
     if os.path.exists(output) and not os.path.isfile(os.path.join(output, MANIFEST)) and os.listdir(output):
         raise UserInputError(f"{output} exists and is no finished conversion; remove it or choose another --output")
     partial = output.rstrip(os.sep) + ".partial"
@@ -211,21 +243,26 @@ def convert_split(source, output: str, *, shards: Optional[int], workers: int, o
     manifest = {"format": FORMAT, "kind": kind_of(source), "records": total,
                 "pixel_shape": list(source.images.shape[1:]) if kind_of(source) == PIXELS else None,
                 "fingerprint": plan["fingerprint"], "class_names": list(source.class_names),
-                "shards": entries, "labels": source.labels.tolist()}
+                "shards": entries, "labels": source.labels.tolist(), "files": files}
     if sum(entry["records"] for entry in entries) != total:
         raise UserInputError(f"{partial} holds {sum(e['records'] for e in entries)} records, the source "
                              f"{total}; run the conversion again")
-    with open(os.path.join(partial, CLASS_LIST), "w") as stream:
-        stream.writelines(f"{name}\n" for name in source.class_names)
-    for name in os.listdir(partial):
-        if name.endswith(DONE) or name == PLAN:
-            os.remove(os.path.join(partial, name))
-    with open(os.path.join(partial, MANIFEST), "w") as stream:
-        json.dump(manifest, stream)
+    # In an order that no kill can cost a finished shard: the plan and the done markers stay until
+    # the finished folder is in place (a rerun before that finds every shard done and finishes).
+    write_atomic(os.path.join(partial, CLASS_LIST), "".join(f"{name}\n" for name in source.class_names))
+    write_atomic(os.path.join(partial, MANIFEST), json.dumps(manifest))
     _replace(partial, output)
+    remove_markers(output)
     log(f"{output}: {total} records in {shards} shards, "
         f"{sum(disk_bytes(output, entry['file']) for entry in entries) / 2**20:.1f} MB on disk")
     return manifest
+
+
+def remove_markers(folder: str) -> None:
+    """The plan and the done markers of a conversion, once it is finished."""
+    for name in os.listdir(folder):
+        if name.endswith(DONE) or name == PLAN:
+            os.remove(os.path.join(folder, name))
 
 
 def write_shards(tasks: Sequence[Tuple], source, *, workers: int, shards: int, already: int, log,
