@@ -104,9 +104,10 @@ def data_recipe(cfg: Config) -> Augmentation:
 
 
 def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *, start_epoch: int = 0,
-                         skip_batches: int = 0):
+                         skip_batches: int = 0, warn: bool = True):
     """The training data from `start_epoch` on (each epoch without its first `skip_batches`
-    batches); unreadable samples are replaced and recorded in the run folder. One batch feeds one
+    batches); unreadable samples are replaced and recorded in `folder` (the run folder), and warned
+    about unless `warn` is False (a second pipeline over the training's draws). One batch feeds one
     optimizer step: grad_accumulation_steps micro-batches of batch_size."""
     batch = cfg.batch_size * cfg.grad_accumulation_steps
     return create_dataset(cfg.dataset, cfg.data_path, training=True, batch_size=batch,
@@ -117,7 +118,7 @@ def create_train_dataset(cfg: Config, rank: int, group_size: int, folder: str, *
                           interpolation=cfg.interpolation, antialias=cfg.antialias,
                           skip_samples=skip_batches * batch,
                           bad_sample_file=os.path.join(folder, f"bad_samples_rank{rank}.tsv"),
-                          max_bad_samples=cfg.max_bad_samples)
+                          max_bad_samples=cfg.max_bad_samples, bad_sample_warnings=warn)
 
 
 def iter_host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
@@ -128,14 +129,15 @@ def iter_host_batches(cfg: Config, rank: int, group_size: int, *, first: int,
     they are the training's own batches."""
     recipe, normalization = data_recipe(cfg), normalization_of(cfg.dataset)
     given = 0
-    with tempfile.TemporaryDirectory() as scratch:
-        batches = create_train_dataset(cfg, rank, group_size, scratch)
+    with tempfile.TemporaryDirectory() as scratch:  # its record of unreadable samples: the training warns
+        batches = create_train_dataset(cfg, rank, group_size, scratch, warn=False)
         per_epoch = batches.get_dataset_size()
         epoch, skip = divmod(first, per_epoch)
         count = per_epoch - skip if count is None else count
         while given < count:
             if (epoch, skip) != (0, 0):
-                batches = create_train_dataset(cfg, rank, group_size, scratch, start_epoch=epoch, skip_batches=skip)
+                batches = create_train_dataset(cfg, rank, group_size, scratch, start_epoch=epoch, skip_batches=skip,
+                                               warn=False)
             iterator = batches.create_tuple_iterator(num_epochs=1, output_numpy=True)
             for columns in iterator:
                 images, labels, erase, mix = (list(columns) + [None, None])[:4]

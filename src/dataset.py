@@ -99,7 +99,7 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
                    shuffle: Optional[bool] = None, augment: Optional[bool] = None,
                    augmentation: Augmentation = PLAIN, interpolation: str = "bilinear",
                    resize_size: int = 0, antialias: bool = True, bad_sample_file: Optional[str] = None,
-                   max_bad_samples: int = -1,
+                   max_bad_samples: int = -1, bad_sample_warnings: bool = True,
                    skip_samples: int = 0) -> ds.Dataset:
     """A dataset of whole batches: (images uint8 [B, H, W, 3] RGB, labels int32 [B]), plus (erase
     boxes int32 [B, 4], mix float32 [8]) when `augmentation` erases or mixes. The network's first
@@ -115,6 +115,8 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     training crops without antialiasing (the model zoo's way, faster).
     With `bad_sample_file`, unreadable samples are recorded there and replaced, up to
     `max_bad_samples` distinct files (-1: 0.1% of the dataset); the log is `data.bad_samples`.
+    `bad_sample_warnings` False: a second pipeline over the training's draws (its own record),
+    whose files the training's pipeline warns about.
     `skip_samples` leaves out the first samples of every epoch (for the rest of an interrupted
     epoch; see EpochSampler)."""
     augment = training if augment is None else augment
@@ -140,7 +142,8 @@ def create_dataset(dataset: str, data_path: str, *, training: bool, batch_size: 
     batch_stage = augmentation.needs_batch_stage
     bad_samples = None
     if bad_sample_file:
-        bad_samples = BadSampleLog(bad_sample_file, bad_sample_limit(max_bad_samples, len(source)))
+        bad_samples = BadSampleLog(bad_sample_file, bad_sample_limit(max_bad_samples, len(source)),
+                                   warn=bad_sample_warnings)
     samples = AugmentedSource(source, sample_transform(dataset, image_size, resize_size, interpolation, antialias),
                               augment, seed, policy=policy, image_size=image_size,
                               erase_probability=augmentation.random_erase, batch_stage=batch_stage,

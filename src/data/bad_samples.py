@@ -49,8 +49,8 @@ class BadSampleLog:
     so the file is the one record they share (a file is warned about once per run, by whichever
     process records it first)."""
 
-    def __init__(self, path: str, limit: int):
-        self.path, self.limit = path, limit
+    def __init__(self, path: str, limit: int, warn: bool = True):
+        self.path, self.limit, self.warn = path, limit, warn
 
     def reset(self) -> None:
         """Start a new record (at the start of a run or a resumed run)."""
@@ -73,7 +73,7 @@ class BadSampleLog:
             handle.seek(0)
             first = not any(line.split("\t")[2:3] == [name] for line in handle)
             handle.write(f"{epoch}\t{index}\t{name}\t{reason.replace(chr(9), ' ')}\n")
-        if first:
+        if first and self.warn:
             print(f"warning: skipped unreadable image {name} ({reason}); replaced by the next readable sample",
                   file=sys.stderr, flush=True)
         raise_if_too_many(self.files(), self.limit, "--check_data True lists all")
