@@ -6,6 +6,7 @@ line per write, so appends from several processes never interleave), which lets 
 process count an epoch's replacements whatever the number of workers."""
 import fcntl
 import math
+import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -127,6 +128,9 @@ def scan_unreadable(source, workers: int = 1) -> List[Tuple[str, str]]:
         return _check_range(0, total, source)
     chunk = max(1, math.ceil(total / (workers * 16)))
     starts = list(range(0, total, chunk))
-    with ProcessPoolExecutor(max_workers=workers, initializer=_set_worker_source, initargs=(source,)) as pool:
+    # Spawned, not forked: a process that already ran a MindSpore pipeline holds threads (and worker
+    # processes) a forked child inherits half of, and such a child crashed or hung.
+    with ProcessPoolExecutor(max_workers=workers, initializer=_set_worker_source, initargs=(source,),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
         results = pool.map(_check_range, starts, [min(start + chunk, total) for start in starts])
         return [item for found in results for item in found]
