@@ -1,8 +1,11 @@
-"""Convolutions on CPU through a private oneDNN (native/onednn_conv.cpp), chosen by `cpu_convolution`.
+"""ResNet's layers on CPU through a private oneDNN (native/onednn_conv.cpp), chosen by `cpu_convolution`.
 
 MindSpore's CPU convolutions hand oneDNN plain NCHW tensors; these kernels let oneDNN choose its
-blocked layouts (reordering MindSpore's NCHW tensors in and out) and cache a primitive per shape.
-Weights stay ordinary NCHW Parameters, so checkpoints, conversion and export are unchanged."""
+blocked layouts and cache a primitive per shape. In a ResNet the convolutions, BatchNorms and the
+stem's max pool all run here and the tensors stay blocked between them (cells.py); elsewhere the
+convolutions alone, reordering NCHW in and out. Weights stay ordinary NCHW Parameters, so
+checkpoints, conversion and export are unchanged. Only the entry points choose (choose_convolutions)
+and build networks with them (src.resnet.create_model's `convolutions`)."""
 from typing import Optional, Set, Tuple
 
 from mindspore import nn
