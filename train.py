@@ -325,10 +325,15 @@ def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: in
     return Model(step, boost_level=check_boost_mode(cfg.boost_mode))
 
 
+def network_amp_level(cfg: Config, net) -> str:
+    """MindSpore's amp level for `net`: O0 where our CPU layers run (they choose their own precision)."""
+    return "O0" if uses_onednn(net) else resolve_amp_level(cfg.amp_level, cfg.device_target)
+
+
 def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSchedule], input_stage) -> TrainStep:
     """The training step around `net`: the input stage, loss, mixed precision, loss scaling,
     accumulation, clipping, optimizer and the EMA `ema` (None: off)."""
-    amp_level = "O0" if uses_onednn(net) else resolve_amp_level(cfg.amp_level, cfg.device_target)
+    amp_level = network_amp_level(cfg, net)
     loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
@@ -355,7 +360,7 @@ def check_boost_mode(boost_mode: str) -> str:
 def create_ema_twin(cfg: Config, convolutions: str = "mindspore"):
     """A second network, in the same precision, that evaluation loads the EMA weights into."""
     twin = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
-    mixed_precision_network(twin, "O0" if uses_onednn(twin) else resolve_amp_level(cfg.amp_level, cfg.device_target))
+    mixed_precision_network(twin, network_amp_level(cfg, twin))
     return twin
 
 
