@@ -1,6 +1,7 @@
 """Shared fixtures: the repository on sys.path, fast CPU convolutions, small generated datasets."""
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import resource
@@ -10,7 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -30,15 +31,53 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-LOCKS = "RESNET_TESTS_LOCKS"  # the folder of this run's machine-sharing locks (set for xdist runs)
+# The folder the xdist workers of one suite run share (set for xdist runs): the machine-sharing
+# locks, and what is built once per run (`built_once`).
+SHARED = "RESNET_TESTS_SHARED"
 
 
 def pytest_configure(config):
-    """The xdist controller makes the lock folder its workers share, and removes it at the end."""
+    """The xdist controller makes the folder its workers share, and removes it at the end."""
     if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("numprocesses", None):
-        folder = tempfile.mkdtemp(prefix="resnet-tests-locks-")
-        os.environ[LOCKS] = folder  # the workers start after this and inherit it
+        folder = tempfile.mkdtemp(prefix="resnet-tests-")
+        os.environ[SHARED] = folder  # the workers start after this and inherit it
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def _shared_folder() -> Optional[str]:
+    return os.environ.get(SHARED) if os.environ.get("PYTEST_XDIST_WORKER") else None
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, filled by `build(folder)` once per suite run: the first worker to ask
+    builds it under a file lock, the others wait and read it. Never reused by another run (the
+    shared folder is this run's); a build that raised is started afresh by the next to ask."""
+    shared = _shared_folder()
+    root = Path(shared) / "built" if shared else tmp_path_factory.getbasetemp() / "built"
+    root.mkdir(parents=True, exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+def trained_once(tmp_path_factory, args: List[str]) -> Tuple[Path, str]:
+    """The output folder and stdout of a training command (`args` without --output_dir), run once
+    per suite run for every test that only reads what it wrote (keyed by the exact command)."""
+    key = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
+
+    def train(folder: Path) -> None:
+        result = run(list(args) + ["--output_dir", str(folder / "out")])
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        (folder / "stdout.txt").write_text(result.stdout, encoding="utf-8")
+
+    folder = built_once(tmp_path_factory, f"train-{key}", train)
+    return folder / "out", (folder / "stdout.txt").read_text(encoding="utf-8")
 
 
 @contextlib.contextmanager
@@ -47,7 +86,7 @@ def share_of_machine(alone: bool) -> Iterator[None]:
     share the machine. A readers-writer lock over two files all workers of this run see: the gate
     gives a waiting `alone` test priority (no one starts a test while it waits), the machine lock
     is shared by ordinary tests and held exclusively by an `alone` one."""
-    folder = os.environ.get(LOCKS) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    folder = _shared_folder()
     if folder is None:  # one process: nothing runs beside the test
         yield
         return
@@ -126,10 +165,10 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(scope="session")
 def sample_root(tmp_path_factory) -> Path:
-    """Sample data in both formats: 20 training images per class, a test split of 101 (odd) images."""
-    root = tmp_path_factory.mktemp("sample")
-    write_sample_data(str(root), train_per_class=20, test_total=101, seed=0)
-    return root
+    """Sample data in both formats: 20 training images per class, a test split of 101 (odd) images;
+    one copy for the whole run (tests read it, never write it), so trainings on it can be shared."""
+    return built_once(tmp_path_factory, "sample",
+                      lambda root: write_sample_data(str(root), train_per_class=20, test_total=101, seed=0))
 
 
 @pytest.fixture(scope="session")
@@ -140,6 +179,19 @@ def cifar_dir(sample_root) -> Path:
 @pytest.fixture(scope="session")
 def folder_dir(sample_root) -> Path:
     return sample_root / "imagenet"
+
+
+@pytest.fixture(scope="session")
+def sample_run(tmp_path_factory, cifar_dir) -> Tuple[Path, str]:
+    """Two epochs of the sample ResNet18 (12 steps each, clipping on) with evaluation, its report,
+    and the profiler over 3 steps: the run folder and stdout, trained once per suite run for the
+    tests that read a finished run (TensorBoard, the report, the profiler's files)."""
+    out, stdout = trained_once(tmp_path_factory, [
+        PYTHON, "train.py", "--config_path", str(REPO / "config" / "sample_resnet18.yaml"),
+        "--data_path", str(cifar_dir), "--batch_size", "16", "--lr_max", "0.05", "--warmup_epochs", "0",
+        "--clip_grad_norm", "1.0", "--epoch_size", "2", "--run_eval", "True", "--log_interval", "4",
+        "--enable_profiling", "True", "--profile_steps", "3"])
+    return out / "resnet18" / "cifar10", stdout
 
 
 @pytest.fixture(scope="session")

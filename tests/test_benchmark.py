@@ -108,12 +108,9 @@ def test_bad_arguments_stop_before_measuring(tmp_path, args):
     assert not report_path.exists()
 
 
-def test_enable_profiling_writes_a_trace_into_the_run_folder(tmp_path, cifar_dir):
-    result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml", "--data_path", str(cifar_dir),
-                  "--output_dir", str(tmp_path), "--epoch_size", "1", "--batch_size", "16", "--run_eval", "False",
-                  "--save_checkpoint", "False", "--enable_profiling", "True", "--profile_steps", "2"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    traces = list((tmp_path / "resnet18" / "cifar10" / "profiler" / "rank0").rglob("trace_view.json"))
+def test_enable_profiling_writes_a_trace_into_the_run_folder(sample_run):
+    folder, _ = sample_run  # trained with --enable_profiling True --profile_steps 3
+    traces = list((folder / "profiler" / "rank0").rglob("trace_view.json"))
     assert len(traces) == 1
     events = json.loads(traces[0].read_text())
     assert isinstance(events, list) and events

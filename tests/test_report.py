@@ -145,18 +145,8 @@ def read_csv(path: Path):
         return list(csv.reader(handle))
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, cifar_dir):
-    """One epoch of the sample ResNet18 with evaluation: best.ckpt and the run's report/."""
-    out = tmp_path_factory.mktemp("report_run")
-    result = run([PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir), "--output_dir", str(out),
-                  "--epoch_size", "1", "--batch_size", "16", "--warmup_epochs", "0", "--log_interval", "6"])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return out / RUN, result.stdout
-
-
-def test_training_logs_the_summary_and_writes_the_best_checkpoints_report(trained):
-    folder, stdout = trained
+def test_training_logs_the_summary_and_writes_the_best_checkpoints_report(sample_run):
+    folder, stdout = sample_run
     lines = stdout.splitlines()
     (summary,) = [line for line in lines if line.startswith("model resnet18:")]
     assert lines.index(summary) < min(i for i, line in enumerate(lines) if line.startswith("epoch 1 "))
@@ -183,8 +173,8 @@ def json_line(lines):
     return json.loads([line for line in lines if line.startswith("{")][-1])
 
 
-def test_eval_report_dir_writes_every_file(trained, cifar_dir, tmp_path):
-    folder, _ = trained
+def test_eval_report_dir_writes_every_file(sample_run, cifar_dir, tmp_path):
+    folder, _ = sample_run
     result = run([PYTHON, "eval.py", *eval_args(folder, cifar_dir, tmp_path / "r"), "--summary", "True"])
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
@@ -205,8 +195,8 @@ def test_eval_report_dir_writes_every_file(trained, cifar_dir, tmp_path):
     assert [r[0] for r in per_class[1:]] == source.class_names  # the sample data's batches.meta.txt
 
 
-def test_two_rank_report_equals_the_one_process_report(trained, cifar_dir, tmp_path):
-    folder, _ = trained
+def test_two_rank_report_equals_the_one_process_report(sample_run, cifar_dir, tmp_path):
+    folder, _ = sample_run
     single = run([PYTHON, "eval.py", *eval_args(folder, cifar_dir, tmp_path / "one")])
     assert single.returncode == 0, single.stderr[-2000:]
     logs = tmp_path / "logs"

@@ -40,18 +40,8 @@ def read_rows(folder: Path) -> List[Dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-@pytest.fixture(scope="module")
-def watched_run(tmp_path_factory, cifar_dir):
-    """Two epochs with evaluation, the report and the profiler over 3 steps."""
-    out = tmp_path_factory.mktemp("watched")
-    result = run(train_args(cifar_dir, out, "--epoch_size", "2", "--run_eval", "True", "--log_interval", "4",
-                            "--enable_profiling", "True", "--profile_steps", "3"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out / RUN, result.stdout
-
-
-def test_tensorboard_serves_the_runs_scalars_config_and_pictures(watched_run):
-    folder, _ = watched_run
+def test_tensorboard_serves_the_runs_scalars_config_and_pictures(sample_run):
+    folder, _ = sample_run
     rows = read_rows(folder)
     with tensorboard(folder) as board:
         board.wait_for("images", "report/calibration")
@@ -77,15 +67,15 @@ def test_tensorboard_serves_the_runs_scalars_config_and_pictures(watched_run):
         assert any(tag.startswith("profiler/top_operators") for tag in texts)
 
 
-def test_a_normal_run_waits_little_for_data(watched_run):
-    folder, stdout = watched_run
+def test_a_normal_run_waits_little_for_data(sample_run):
+    folder, stdout = sample_run
     waits = [float(r["data_wait"]) for r in read_rows(folder) if r["data_wait"]]
     assert len(waits) == 6 and all(0 <= wait < INPUT_BOUND_SHARE for wait in waits)
     assert "input-bound" not in stdout
 
 
-def test_profiler_table_names_the_convolutions(watched_run):
-    folder, _ = watched_run
+def test_profiler_table_names_the_convolutions(sample_run):
+    folder, _ = sample_run
     with open(folder / "profiler" / "rank0" / "top_operators.csv", newline="") as handle:
         table = list(csv.DictReader(handle))
     assert len(table) == 10
