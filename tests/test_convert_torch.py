@@ -4,6 +4,8 @@ The PyTorch side is src/migration/torch_resnet.py (torchvision's architecture an
 has no CPU-only build). torch is a test dependency (requirements-dev.txt); the name-mapping tests
 run without it.
 """
+import contextlib
+import io
 import json
 import os
 import pickle
@@ -38,6 +40,15 @@ def one_line_error(result) -> str:
 def ok(result) -> str:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
+
+
+def convert(*argv: str) -> str:
+    """The conversion command's main (`python -m src.migration.convert_torch`) called in this
+    process: its stdout. The command itself runs as a subprocess in the refusal tests below."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert ct.main(list(argv)) == 0
+    return out.getvalue()
 
 
 def last_json(stdout: str) -> dict:
@@ -185,13 +196,12 @@ def torch_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(torch_files, tmp_path_factory):
-    """Each .pth converted by the command; returns {arch: (ckpt path, stdout)}."""
+    """Each .pth converted by the command's main, in this process; returns {arch: (ckpt path, stdout)}."""
     folder = tmp_path_factory.mktemp("converted")
     out = {}
     for arch, (pth, _) in torch_files.items():
         ckpt = folder / f"{arch}.ckpt"
-        result = run(CONVERT + ["--arch", arch, "--pth", str(pth), "--ckpt", str(ckpt)])
-        out[arch] = (ckpt, ok(result))
+        out[arch] = (ckpt, convert("--arch", arch, "--pth", str(pth), "--ckpt", str(ckpt)))
     return out
 
 
@@ -242,7 +252,7 @@ def test_round_trip_pth_ckpt_pth_is_exact(arch, torch_files, converted, tmp_path
     _, state = torch_files[arch]
     ckpt, _ = converted[arch]
     back = tmp_path / "back.pth"
-    ok(run(CONVERT + ["--arch", arch, "--ckpt_in", str(ckpt), "--pth_out", str(back)]))
+    convert("--arch", arch, "--ckpt_in", str(ckpt), "--pth_out", str(back))
     loaded = torch.load(back, map_location="cpu", weights_only=True)
     assert list(loaded) == list(state)  # torchvision's order, num_batches_tracked included
     for key, value in state.items():
@@ -278,8 +288,7 @@ def test_model_zoo_checkpoint_imports(converted, tmp_path):
     assert "layer1.0.bn1d.gamma" in ms.load_checkpoint(str(zoo))
 
     out_ckpt, out_pth = tmp_path / "resnet18.ckpt", tmp_path / "resnet18.pth"
-    stdout = ok(run(CONVERT + ["--arch", "resnet18", "--zoo_ckpt", str(zoo), "--ckpt", str(out_ckpt),
-                               "--pth_out", str(out_pth)]))
+    stdout = convert("--arch", "resnet18", "--zoo_ckpt", str(zoo), "--ckpt", str(out_ckpt), "--pth_out", str(out_pth))
     assert "num_classes 1001 (from end_point.weight [1001, 512])" in stdout
     assert "optimizer entries dropped" in stdout and "model-zoo names" in stdout and "eps 1e-4" in stdout
     params = ms.load_checkpoint(str(out_ckpt))
