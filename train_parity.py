@@ -145,6 +145,8 @@ def check_request(args: argparse.Namespace, cfg: Config) -> None:
     check_torch_optimizer(cfg.optimizer)
     if cfg.model_ema:
         check_ema_decay(cfg.model_ema_decay)
+    if args.batches:  # before the output folder is made
+        check_batch_folder(args.batches, args.steps)
 
 
 def check_replay_ranks(args: argparse.Namespace, cfg: Config) -> None:
@@ -164,16 +166,21 @@ def check_replay_ranks(args: argparse.Namespace, cfg: Config) -> None:
 # ---------------------------------------------------------------------------------------------
 # The batches.
 
-def read_batches(folder: str, steps: int, cfg: Config, first: int = 0) -> List[Batch]:
-    """Steps `first`.. of a folder of dumped batches, checked: float32 NCHW images, int64 labels
-    [B] or float32 soft targets [B, class_num], one batch size divisible by grad_accumulation_steps."""
+def check_batch_folder(folder: str, steps: int) -> None:
+    """A folder of dumped batches holding at least `steps` steps' images."""
     if not os.path.isdir(folder):
         raise UserInputError(f"--batches {folder} is not a folder; dump NNNNNN_images.npy and NNNNNN_labels.npy "
                              f"per step into one")
     available = len(glob.glob(os.path.join(folder, "*_images.npy")))
-    if available < first + steps:
+    if available < steps:
         raise UserInputError(f"--batches {folder} holds {available} step(s) of *_images.npy, the run needs "
-                             f"{first + steps}; lower --steps or dump more batches")
+                             f"{steps}; lower --steps or dump more batches")
+
+
+def read_batches(folder: str, steps: int, cfg: Config, first: int = 0) -> List[Batch]:
+    """Steps `first`.. of a folder of dumped batches, checked: float32 NCHW images, int64 labels
+    [B] or float32 soft targets [B, class_num], one batch size divisible by grad_accumulation_steps."""
+    check_batch_folder(folder, first + steps)
     found = []
     for step in range(first, first + steps):
         images_path = os.path.join(folder, f"{step:06d}_images.npy")
