@@ -155,12 +155,14 @@ def test_ema_decay_adjustment_is_torchvisions():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layers", ["mindspore", "onednn"])
-def test_overflow_skips_the_update_and_leaves_nothing_behind(initial, layers):
+@pytest.mark.parametrize("layers, freeze_bn", [("mindspore", True), ("onednn", True), ("onednn", False)],
+                         ids=["mindspore", "onednn", "onednn-batch-statistics"])
+def test_overflow_skips_the_update_and_leaves_nothing_behind(initial, layers, freeze_bn):
     """Dynamic loss scale: a batch with an inf gives non-finite gradients; the step must leave the
     weights, the optimizer state and the EMA as they were, halve the scale, and leave no partial
     accumulation: the run then continues exactly like a run that never saw that batch. With our
-    CPU layers (blocked, frozen BatchNorm) the check is one AllFinite op over every gradient."""
+    CPU layers (blocked) the check is one AllFinite op over every gradient; with batch statistics
+    their kernel moves the BatchNorm statistics in place, and the skipped step puts them back."""
     if layers == "onednn" and unavailable_reason():
         pytest.skip(unavailable_reason())
     schedule = EmaSchedule(alpha=0.5, every=1, steps_per_epoch=100, copy_until=-1)
@@ -169,7 +171,8 @@ def test_overflow_skips_the_update_and_leaves_nothing_behind(initial, layers):
     bad_images[5, 0, 3, 3] = np.inf  # in the second micro-batch
 
     def run(batch_list):
-        net = network(initial)
+        net = network(initial, freeze_bn=freeze_bn)
+        net.set_train(True)
         checks = {}
         if layers == "onednn":
             use_onednn_layers(net)

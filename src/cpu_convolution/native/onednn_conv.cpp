@@ -44,6 +44,10 @@ constexpr int kConvParams = 11;
 // The float32 parameter tensor of the batch-normalization kernels.
 struct NormParams {
     float epsilon, global_stats;  // global_stats 1: normalize with the given (moving) statistics
+    // With batch statistics and momentum > 0, the forward moves the given statistics (slots 3 and 4)
+    // in place: moving = (1 - momentum) * moving + momentum * batch (the variance unbiased), as
+    // MindSpore's BatchNorm does. The Python op declares those inputs written (RW_WRITE).
+    float momentum;
 };
 
 // The int32 parameter tensor of the max-pooling kernels.
@@ -295,6 +299,19 @@ void execute(Plan &plan, void **slots) {
         if (o.reorders && o.output) o.reorder.execute(s.stream, o.inner, o.user);
 }
 
+// The forward's in-place update of the moving statistics from the batch's (see NormParams).
+void move_statistics(void **slots, const int64_t *x, const NormParams &p) {
+    if (p.global_stats != 0.f || p.momentum <= 0.f) return;
+    const int64_t channels = x[1], count = x[0] * x[2] * x[3];
+    const float unbias = static_cast<float>(count) / static_cast<float>(std::max<int64_t>(count - 1, 1));
+    auto *moving_mean = static_cast<float *>(slots[3]), *moving_variance = static_cast<float *>(slots[4]);
+    const auto *mean = static_cast<const float *>(slots[7]), *variance = static_cast<const float *>(slots[8]);
+    for (int64_t c = 0; c < channels; ++c) {
+        moving_mean[c] = moving_mean[c] * (1.f - p.momentum) + mean[c] * p.momentum;
+        moving_variance[c] = moving_variance[c] * (1.f - p.momentum) + variance[c] * unbias * p.momentum;
+    }
+}
+
 bool check(bool ok, const std::string &message) {
     if (!ok) g_error = message;
     return ok;
@@ -370,6 +387,7 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
         }
         execute(*plan, params);
         s.stream.wait();
+        if (kind == kNormForward) move_statistics(params, shapes[0], *static_cast<const NormParams *>(raw));
         return 0;
     } catch (const dnnl::error &e) {
         g_error = std::string("oneDNN: ") + e.what();
