@@ -548,8 +548,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=cfg.dataset_sink_mode,
                         sink_size=cfg.sink_size if cfg.dataset_sink_mode else -1, initial_epoch=start_epoch)
         if eval_dataset is not None:
+            monitor = next(callback for callback in callbacks if isinstance(callback, EvalMonitor))
             report_best(cfg, net, eval_dataset, folder=folder, rank=rank, writer=writer, group_size=group_size,
-                        log=log, board=board, step=cfg.epoch_size * steps_per_epoch)
+                        log=log, board=board, step=cfg.epoch_size * steps_per_epoch,
+                        evaluated=monitor.best_evaluation if group_size == 1 else None)
         if board:
             board.finished(cfg.epoch_size * steps_per_epoch)
     except TrainingStopped as stopped:
@@ -607,11 +609,16 @@ def first_batch(cfg: Config, rank: int, group_size: int) -> Tuple[np.ndarray, np
 
 
 def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, writer: bool, group_size: int,
-                log, board: Optional[Board] = None, step: int = 0) -> None:
+                log, board: Optional[Board] = None, step: int = 0, evaluated: Optional[tuple] = None) -> None:
     """The evaluation report of the run's best.ckpt (of the final weights when there is none) into
     <run folder>/report/, written where the run folder is (by each node's writer with node-local
-    storage). Every rank evaluates its shard; each reads best.ckpt from its node's run folder."""
+    storage). Every rank evaluates its shard; each reads best.ckpt from its node's run folder.
+    `evaluated`: the (figures, report) of the best.ckpt this process saved, evaluated when it was
+    saved (one process only: the ranks of a data-parallel run evaluate together, so all or none)."""
     best = os.path.join(folder, BEST_NAME)
+    if evaluated is not None:
+        write_best_report(cfg, *evaluated, eval_dataset, folder=folder, weights=best, log=log, board=board, step=step)
+        return
     found = float(os.path.isfile(best))
     if group_size > 1:  # also a barrier: rank 0 has finished writing best.ckpt
         found = all_reduce_sum(np.array([found]))[0]
@@ -623,14 +630,20 @@ def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, write
                           use_ema=cfg.model_ema)  # best.ckpt follows the EMA when there is one
     result, report = evaluate_with_report(net, eval_dataset, num_classes=cfg.class_num, group_size=group_size)
     if writer:
-        weights = best if found else f"the final weights of {folder}"
-        log(f"report of {weights}: top-1 {result['top_1_accuracy']:.4f} top-5 {result['top_5_accuracy']:.4f} "
-            f"ECE {result['ece']:.4f} on {result['samples']} images, in {os.path.join(folder, 'report')}")
-        written = save_report(os.path.join(folder, "report"), report, source=eval_dataset.sample_source,
-                              num_classes=cfg.class_num, title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
-        for path in written:
-            if board and path.endswith(".png"):
-                board.picture_file(f"report/{os.path.splitext(os.path.basename(path))[0]}", path, step)
+        write_best_report(cfg, result, report, eval_dataset, folder=folder,
+                          weights=best if found else f"the final weights of {folder}", log=log, board=board, step=step)
+
+
+def write_best_report(cfg: Config, result: dict, report, eval_dataset, *, folder: str, weights: str, log,
+                      board: Optional[Board], step: int) -> None:
+    """Log the figures of `weights` and write their report into <run folder>/report/."""
+    log(f"report of {weights}: top-1 {result['top_1_accuracy']:.4f} top-5 {result['top_5_accuracy']:.4f} "
+        f"ECE {result['ece']:.4f} on {result['samples']} images, in {os.path.join(folder, 'report')}")
+    written = save_report(os.path.join(folder, "report"), report, source=eval_dataset.sample_source,
+                          num_classes=cfg.class_num, title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
+    for path in written:
+        if board and path.endswith(".png"):
+            board.picture_file(f"report/{os.path.splitext(os.path.basename(path))[0]}", path, step)
 
 
 def train_rest_of_epoch(cfg: Config, model: Model, callbacks: list, *, rank: int, group_size: int, folder: str,

@@ -193,6 +193,9 @@ def test_eval_report_dir_writes_every_file(sample_run, cifar_dir, tmp_path):
     assert top1 == pytest.approx(figures["top_1_accuracy"])
     per_class = read_csv(tmp_path / "r" / "per_class.csv")
     assert [r[0] for r in per_class[1:]] == source.class_names  # the sample data's batches.meta.txt
+    # the training's report of best.ckpt (kept from the epoch that saved it, not evaluated again)
+    for name in ("per_class.csv", "confusion.csv"):
+        assert (folder / "report" / name).read_text() == (tmp_path / "r" / name).read_text(), name
 
 
 def test_two_rank_report_equals_the_one_process_report(sample_run, cifar_dir, tmp_path):

@@ -188,7 +188,9 @@ class EvalMonitor(Callback):
     With `ema_params` (the train step's EMA of the weights), the EMA is loaded into `ema_net` and
     evaluated too; best.ckpt then follows the EMA top-1 and holds the EMA weights beside the raw.
     The record gets the evaluation at the epoch's last global step (`steps_per_epoch`, not the
-    batch count of MindSpore's current train() call: a mid-epoch resume trains a shorter one)."""
+    batch count of MindSpore's current train() call: a mid-epoch resume trains a shorter one).
+    `best_evaluation` keeps the (figures, report) of the best.ckpt this run saved, so its report
+    needs no second evaluation after training."""
 
     def __init__(self, *, net: nn.Cell, dataset, num_classes: int, group_size: int, epoch_size: int,
                  steps_per_epoch: int, eval_start_epoch: int = 1, eval_interval: int = 1,
@@ -202,23 +204,25 @@ class EvalMonitor(Callback):
         self.eval_start_epoch, self.eval_interval = eval_start_epoch, max(1, eval_interval)
         self.best_folder, self.best_top1 = best_folder, best_top1
         self.record, self.log = record, log
+        self.best_evaluation: Optional[tuple] = None
 
     def due(self, epoch: int) -> bool:
         if epoch < self.eval_start_epoch:
             return False
         return (epoch - self.eval_start_epoch) % self.eval_interval == 0 or epoch == self.epoch_size
 
-    def _evaluate(self, net: nn.Cell) -> dict:
-        result, _ = evaluate_with_report(net, self.dataset, num_classes=self.num_classes, group_size=self.group_size)
+    def _evaluate(self, net: nn.Cell) -> tuple:
+        evaluation = evaluate_with_report(net, self.dataset, num_classes=self.num_classes, group_size=self.group_size)
         net.set_train(True)
-        return result
+        return evaluation
 
     def on_train_epoch_end(self, run_context) -> None:
         params = run_context.original_args()
         epoch = params.cur_epoch_num
         if not self.due(epoch):
             return
-        result = self._evaluate(self.net)
+        evaluation = self._evaluate(self.net)
+        result = evaluation[0]
         line = (f"epoch {epoch} eval: top-1 {result['top_1_accuracy']:.4f} top-5 "
                 f"{result['top_5_accuracy']:.4f} loss {result['loss']:.4f} ECE {result['ece']:.4f} on "
                 f"{result['samples']} images")
@@ -227,7 +231,8 @@ class EvalMonitor(Callback):
             # a snapshot (for best.ckpt too), not the live parameters the next step updates
             ema_weights = {p.name: Parameter(Tensor(p.asnumpy()), name=p.name) for p in self.ema_params}
             ms.load_param_into_net(self.ema_net, ema_part(ema_weights), strict_load=True)
-            ema_result = self._evaluate(self.ema_net)
+            evaluation = self._evaluate(self.ema_net)
+            ema_result = evaluation[0]
             line += f"; EMA top-1 {ema_result['top_1_accuracy']:.4f} top-5 {ema_result['top_5_accuracy']:.4f}"
         self.log(line)
         if self.record:
@@ -247,6 +252,7 @@ class EvalMonitor(Callback):
                 self.log(f"epoch {epoch}: {err}")
                 return
             self.best_top1 = candidate["top_1_accuracy"]
+            self.best_evaluation = evaluation  # the candidate's: the EMA's when there is one
             self.log(f"epoch {epoch}: new best {'EMA ' if ema_result else ''}top-1 {self.best_top1:.4f}, "
                      f"saved {BEST_NAME}")
 
