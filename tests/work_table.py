@@ -2,6 +2,8 @@
 RESNET_TESTS_WORK names a file, as a Markdown table (docs/testing.md):
 
     RESNET_TESTS_WORK=/tmp/work.jsonl bash scripts/run_tests.sh && python tests/work_table.py /tmp/work.jsonl
+
+Given two files (a run before a change and one after), it prints both side by side.
 """
 import json
 import sys
@@ -14,19 +16,39 @@ def row(name: str, work: dict) -> str:
     return "| " + " | ".join([name] + [f"{work[key]:.0f}" for key in KEYS]) + " |"
 
 
-def table(path: str) -> str:
+def read(path: str) -> dict:
+    """module -> its work summed over the file's records (one per module and worker)."""
     totals = defaultdict(lambda: dict.fromkeys(KEYS, 0.0))
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             record = json.loads(line)
             for key in KEYS:
                 totals[record["module"]][key] += record[key]
+    totals["all"] = {key: sum(work[key] for work in list(totals.values())) for key in KEYS}
+    return totals
+
+
+def table(path: str) -> str:
+    totals = read(path)
+    every = totals.pop("all")
     lines = ["| module | tests | CPU s | wall s | entry-point runs | of them trainings |",
              "|---|---:|---:|---:|---:|---:|"]
     lines += [row(module, work) for module, work in sorted(totals.items(), key=lambda item: -item[1]["cpu_s"])]
-    lines.append(row("all", {key: sum(work[key] for work in totals.values()) for key in KEYS}))
+    lines.append(row("all", every))
+    return "\n".join(lines)
+
+
+def comparison(before_path: str, after_path: str) -> str:
+    """CPU seconds, entry-point runs and trainings per module, before -> after."""
+    before, after = read(before_path), read(after_path)
+    lines = ["| module | tests | CPU s | entry-point runs | of them trainings |", "|---|---:|---:|---:|---:|"]
+    for module in sorted(after, key=lambda name: (name == "all", -after[name]["cpu_s"])):
+        old = before.get(module, dict.fromkeys(KEYS, 0.0))
+        lines.append("| " + " | ".join([module] + [
+            f"{old[key]:.0f} -> {after[module][key]:.0f}" if round(old[key]) != round(after[module][key])
+            else f"{after[module][key]:.0f}" for key in ("tests", "cpu_s", "runs", "trainings")]) + " |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print(table(sys.argv[1]))
+    print(comparison(*sys.argv[1:3]) if len(sys.argv) > 2 else table(sys.argv[1]))
