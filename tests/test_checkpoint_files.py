@@ -8,6 +8,7 @@ import mindspore as ms
 import pytest
 
 from conftest import REPO, run
+from src.errors import UserInputError
 from src.training.checkpoint import EMA_PREFIX, read_checkpoint, rotate
 from test_resume import CONFIG, RUN, kill_when, read_rows, train_args
 
@@ -71,3 +72,29 @@ def test_resume_refuses_a_folder_of_another_run_without_checkpoints(tmp_path):
     other = load_config(["--config_path", CONFIG, "--seed", "7"])
     with pytest.raises(UserInputError, match=r"holds another run \(its config.yaml has seed: 1, this one 7\)"):
         train.check_relaunch_folder(other, str(tmp_path))
+
+
+def low_free_memory(monkeypatch) -> None:
+    """The OS reports one free page, as it does once the page cache holds nearly all memory."""
+    sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 if name == "SC_AVPHYS_PAGES" else sysconf(name))
+
+
+def test_a_checkpoint_loads_while_the_page_cache_holds_the_free_memory(tmp_path, monkeypatch):
+    """MindSpore's own check counts free memory only; the page cache is memory a load can have."""
+    from src.resnet import create_model
+    path = tmp_path / "resnet18.ckpt"
+    ms.save_checkpoint(create_model("resnet18", num_classes=10), str(path))
+    low_free_memory(monkeypatch)
+    assert len(read_checkpoint(str(path))) == 102
+
+
+def test_a_checkpoint_larger_than_the_memory_available_says_so(tmp_path, monkeypatch):
+    from src.resnet import create_model
+    from src.training import checkpoint
+    path = tmp_path / "resnet18.ckpt"
+    ms.save_checkpoint(create_model("resnet18", num_classes=10), str(path))
+    low_free_memory(monkeypatch)
+    monkeypatch.setattr(checkpoint, "available_memory", lambda: 1 << 20)  # 1 MiB left
+    with pytest.raises(UserInputError, match=r"resnet18.ckpt \(43 MiB\) does not fit in the memory available now"):
+        read_checkpoint(str(path))
