@@ -1078,6 +1078,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="write the report here")
     parser.add_argument("--compute_only", action="store_true",
                         help="training and evaluation on in-memory data only (no ONNX, pipeline or end-to-end rows)")
+    parser.add_argument("--pipelines_only", action="store_true",
+                        help="the input-pipeline comparison only (no network is built or timed)")
     parser.add_argument("--photos", type=positive_int, default=256,
                         help="generated photographs for the ImageNet pipeline comparison")
     parser.add_argument("--photo_batch", type=positive_int, default=32, help="batch size of the pipeline comparison")
@@ -1090,6 +1092,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--onnx_files", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.compute_only and args.pipelines_only:
+        parser.error("--compute_only and --pipelines_only leave nothing to measure together; give one of them")
     if not args.worker:  # the measuring processes get checked values; the torch one must not load MindSpore
         from src.device import available_cores, cap_workers
         from src.resnet import ARCHS
@@ -1119,10 +1123,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     configs = PRESETS[args.preset] if args.preset else [(args.net, args.batch_size, args.image_size)]
     reports = []
     with tempfile.TemporaryDirectory(prefix="benchmark-") as data_root:
-        for net_name, batch, size in configs:
+        for net_name, batch, size in [] if args.pipelines_only else configs:
             reports.append(benchmark(net_name, batch, size, args, data_root))
         pipelines = None if args.compute_only else benchmark_pipelines(args, data_root)
-    print(format_table(reports))
+    if reports:
+        print(format_table(reports))
     if pipelines:
         print(format_pipeline_table(pipelines))
     if args.json:

@@ -4,8 +4,10 @@ import shutil
 
 import pytest
 
+import benchmark
 from conftest import PYTHON, run
 from src.cpu_convolution import cpu_flags
+from src.errors import UserInputError
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -98,13 +100,20 @@ def test_benchmark_writes_every_field(tmp_path):
     assert card["real_photos"] == round(2170 / rows[0]["real"]["ours_train"]["img_per_s"], 1)
 
 
-@pytest.mark.parametrize("args", [["--net", "resnet99"], ["--batch_size", "0"],
-                                  ["--photo_batch", "64", "--photos", "8"]])
+def test_a_bad_argument_is_one_line_and_exit_2(tmp_path):
+    report_path = tmp_path / "bench.json"
+    result = run([PYTHON, "benchmark.py", "--net", "resnet99", "--json", str(report_path)])
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "--net" in result.stderr
+    assert not report_path.exists()
+
+
+@pytest.mark.parametrize("args", [["--batch_size", "0"], ["--photo_batch", "64", "--photos", "8"],
+                                  ["--compute_only", "--pipelines_only"]])
 def test_bad_arguments_stop_before_measuring(tmp_path, args):
     report_path = tmp_path / "bench.json"
-    result = run([PYTHON, "benchmark.py", *args, "--json", str(report_path)])
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and args[0] in result.stderr
+    with pytest.raises(UserInputError, match=args[0]):
+        benchmark.main([*args, "--json", str(report_path)])
     assert not report_path.exists()
 
 

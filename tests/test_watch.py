@@ -17,8 +17,9 @@ from PIL import Image
 from conftest import PYTHON, REPO, run
 from src.cpu_convolution import unavailable_reason
 from src.data.sources import CIFAR_RECORD_BYTES
-from src.training.callbacks import ProfilerMonitor
+from src.training.callbacks import PLOT_EVERY_SECONDS, ProfilerMonitor, RecordPlotter
 from src.training.profile_table import find_summary, read_summary
+from src.training.run_record import RunRecord
 from src.training.step_time import INPUT_BOUND_SHARE
 from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard
 
@@ -65,6 +66,30 @@ def test_tensorboard_serves_the_runs_scalars_config_and_pictures(sample_run):
             assert picture.width > 200 and picture.height > 200
         texts = board.get("data/plugin/text/tags")[BOARD_RUN]
         assert any(tag.startswith("profiler/top_operators") for tag in texts)
+
+
+def test_curves_are_redrawn_at_most_once_a_minute_and_at_the_end(tmp_path):
+    now = [0.0]
+    record = RunRecord(str(tmp_path))
+    plotter = RecordPlotter(record, clock=lambda: now[0])
+    curves = tmp_path / "curves.png"
+
+    def epoch_ends_at(seconds: float, loss: float) -> bool:
+        now[0] = seconds
+        record.add(epoch=1, step=int(seconds), loss=loss, lr=0.1)
+        curves.unlink(missing_ok=True)
+        plotter.on_train_epoch_end(None)
+        return curves.exists()
+
+    assert [epoch_ends_at(t, 1.0) for t in (10, PLOT_EVERY_SECONDS - 1, PLOT_EVERY_SECONDS, PLOT_EVERY_SECONDS + 5,
+                                           2 * PLOT_EVERY_SECONDS)] == [False, False, True, False, True]
+    curves.unlink()
+    plotter.on_train_end(None)
+    assert not curves.exists()  # nothing new since the last drawing
+    record.add(epoch=2, step=200, loss=0.5, lr=0.1)
+    plotter.on_train_end(None)
+    with Image.open(curves) as image:
+        assert image.format == "PNG" and image.width > 100
 
 
 def test_a_normal_run_waits_little_for_data(sample_run):

@@ -55,13 +55,13 @@ class RunRecord:
 
     def plot(self) -> None:
         """Draw loss and lr against step, and top-1/top-5 against epoch, into curves.png."""
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # The figure alone, not pyplot: no global figure state, nothing to close, any thread may draw.
+        from matplotlib.figure import Figure
 
         train = [r for r in self.rows if r["loss"] and not r["top_1"]]
         evals = [r for r in self.rows if r["top_1"]]
-        figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+        figure = Figure(figsize=(15, 4))
+        axes = figure.subplots(1, 3)
         axes[0].plot([int(r["step"]) for r in train], [float(r["loss"]) for r in train])
         axes[0].set(title="training loss", xlabel="step")
         axes[1].plot([int(r["step"]) for r in train], [float(r["lr"]) for r in train])
@@ -75,11 +75,8 @@ class RunRecord:
             axes[2].legend(loc="lower right")
         # a fixed layout: tight_layout measured the text at 0.2 s an epoch
         figure.subplots_adjust(left=0.04, right=0.99, bottom=0.13, top=0.92, wspace=0.18)
-        try:
-            with atomic_target(self.png_path) as tmp:
-                figure.savefig(tmp, dpi=80, format="png")
-        finally:
-            plt.close(figure)
+        with atomic_target(self.png_path) as tmp:
+            figure.savefig(tmp, dpi=80, format="png")
 
 
 def _format(value) -> str:
