@@ -30,6 +30,9 @@ class Arch(NamedTuple):
 
 
 ARCHS = {
+    # Not in torchvision: one basic block per stage, for smoke tests, CI and small data (the
+    # test suite's behaviour tests train it: half the graph to compile, a third the step time).
+    "resnet10": Arch("basic", [1, 1, 1, 1]),
     "resnet18": Arch("basic", [2, 2, 2, 2]),
     "resnet34": Arch("basic", [3, 4, 6, 3]),
     "resnet50": Arch("bottleneck", [3, 4, 6, 3]),
