@@ -46,11 +46,12 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def checkpoints(workdir, cifar_dir, folder_dir) -> Dict[str, Tuple[Path, List[str]]]:
-    """One epoch of training each: resnet18 on the JPEG class folders, resnet50 on CIFAR-10 files.
+    """One epoch of training each: resnet10 (the smallest basic-block network) on the JPEG class folders,
+    resnet50 (bottleneck) on CIFAR-10 files.
     Maps net name to (checkpoint, the config overrides that describe it)."""
     return {
-        "resnet18": (train(workdir / "train", "resnet18", "imagenet2012", folder_dir),
-                     ["--net_name", "resnet18", "--dataset", "imagenet2012", "--eval_image_size", str(SIZE)]),
+        "resnet10": (train(workdir / "train", "resnet10", "imagenet2012", folder_dir),
+                     ["--net_name", "resnet10", "--dataset", "imagenet2012", "--eval_image_size", str(SIZE)]),
         "resnet50": (train(workdir / "train", "resnet50", "cifar10", cifar_dir),
                      ["--net_name", "resnet50", "--dataset", "cifar10", "--eval_image_size", str(SIZE)]),
     }
@@ -107,7 +108,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("file_format", ["MINDIR", "ONNX"])
-@pytest.mark.parametrize("net_name", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("net_name", ["resnet10", "resnet50"])
 def test_export_verifies_against_checkpoint(exported, net_name, file_format):
     report = exported(net_name, file_format)
     path = Path(report["path"])
@@ -126,12 +127,12 @@ def test_export_with_input_stage_takes_pixels_like_the_float_file(exported, file
     the float file's on the host-normalized pixels."""
     from src.data.host_stage import host_normalize, normalization_of
     from src.deploy.inference import ExportedModel, seeded_pixels
-    report = exported("resnet18", file_format, pixels=True)
+    report = exported("resnet10", file_format, pixels=True)
     batch = None if file_format == "MINDIR" else 16
     assert report["verified"] is True and report["max_abs_diff"] <= TOLERANCE
     assert report["input"] == "uint8 NHWC" and report["input_shape"] == [batch, SIZE, SIZE, 3]
-    assert exported("resnet18", file_format)["input"] == "float32 NCHW"
-    pixels_file, float_file = ExportedModel(report["path"]), ExportedModel(exported("resnet18", file_format)["path"])
+    assert exported("resnet10", file_format)["input"] == "float32 NCHW"
+    pixels_file, float_file = ExportedModel(report["path"]), ExportedModel(exported("resnet10", file_format)["path"])
     assert pixels_file.takes_pixels and not float_file.takes_pixels
     assert pixels_file.image_size == float_file.image_size == (SIZE, SIZE)
     pixels = seeded_pixels(16, SIZE, SIZE, seed=1)
@@ -143,10 +144,10 @@ def test_pixels_file_predicts_and_evaluates_like_the_float_file(exported, checkp
     """predict.py and eval.py --model_file on the ONNX file with the input stage: the float ONNX
     file's top classes per JPEG and its top-1 accuracy."""
     val = folder_dir / "val"
-    _, overrides = checkpoints["resnet18"]
+    _, overrides = checkpoints["resnet10"]
     top, accuracy = {}, {}
     for kind, pixels in (("float", False), ("pixels", True)):
-        model = exported("resnet18", "ONNX", pixels=pixels)["path"]
+        model = exported("resnet10", "ONNX", pixels=pixels)["path"]
         result = run([PYTHON, "predict.py", model, str(val), "--dataset", "imagenet2012", "--top_k", "3"])
         assert result.returncode == 0, result.stderr[-3000:]
         top[kind] = [[t["index"] for t in p["top_k"]] for p in last_json(result.stdout)["predictions"]]
@@ -160,8 +161,8 @@ def test_pixels_file_predicts_and_evaluates_like_the_float_file(exported, checkp
 
 
 def test_input_stage_with_int8_is_one_line_error(workdir, checkpoints):
-    name = workdir / "int8-pixels" / "resnet18"
-    result = run(export_args(checkpoints, "resnet18", "ONNX", name, "--export_input_stage", "True",
+    name = workdir / "int8-pixels" / "resnet10"
+    result = run(export_args(checkpoints, "resnet10", "ONNX", name, "--export_input_stage", "True",
                              "--quantize", "int8", "--calibration_data", str(workdir)))
     assert result.returncode == 2
     assert "--export_input_stage" in one_error_line(result) and "--quantize" in one_error_line(result)
@@ -169,18 +170,18 @@ def test_input_stage_with_int8_is_one_line_error(workdir, checkpoints):
 
 
 def test_failed_verification_exits_1_and_writes_nothing(workdir, checkpoints):
-    name = workdir / "strict" / "resnet18"
-    result = run(export_args(checkpoints, "resnet18", "ONNX", name, "--verify", "--verify_tolerance", "0"))
+    name = workdir / "strict" / "resnet10"
+    result = run(export_args(checkpoints, "resnet10", "ONNX", name, "--verify", "--verify_tolerance", "0"))
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "tolerance" in one_error_line(result)
     report = last_json(result.stdout)
     assert report["verified"] is False and report["max_abs_diff"] > 0 and report["path"] is None
-    assert not (workdir / "strict" / "resnet18.onnx").exists()
+    assert not (workdir / "strict" / "resnet10.onnx").exists()
 
 
 def test_air_on_cpu_is_one_line_error_before_any_work(workdir, checkpoints):
-    name = workdir / "air" / "resnet18"
-    result = run(export_args(checkpoints, "resnet18", "AIR", name))
+    name = workdir / "air" / "resnet10"
+    result = run(export_args(checkpoints, "resnet10", "AIR", name))
     assert result.returncode == 2
     assert "Ascend" in one_error_line(result)
     assert not (workdir / "air").exists()
@@ -191,19 +192,19 @@ def test_onnx_verify_without_onnxruntime_says_how_to_install(workdir, checkpoint
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('onnxruntime is hidden for this test')\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    name = workdir / "no-ort" / "resnet18"
-    result = run(export_args(checkpoints, "resnet18", "ONNX", name, "--verify"), env=env)
+    name = workdir / "no-ort" / "resnet10"
+    result = run(export_args(checkpoints, "resnet10", "ONNX", name, "--verify"), env=env)
     assert result.returncode == 2
     assert "pip install onnxruntime" in one_error_line(result)
     assert not (workdir / "no-ort").exists()
 
 
 def test_checkpoint_of_another_network_is_one_line_error(workdir, checkpoints):
-    name = workdir / "mismatch" / "resnet18"
-    result = run(export_args(checkpoints, "resnet18", "MINDIR", name, "--class_num", "12"))
+    name = workdir / "mismatch" / "resnet10"
+    result = run(export_args(checkpoints, "resnet10", "MINDIR", name, "--class_num", "12"))
     assert result.returncode == 2
     assert "fc.weight" in one_error_line(result)
-    assert not (workdir / "mismatch" / "resnet18.mindir").exists()
+    assert not (workdir / "mismatch" / "resnet10.mindir").exists()
 
 
 def test_export_help_states_the_batch_dimension():
@@ -218,7 +219,7 @@ def test_predict_on_jpegs_matches_checkpoint_and_eval(exported, checkpoints, fol
     """Top-1 per JPEG of the val split equals the checkpoint network's on the eval pipeline; the
     number of correct top-1 equals eval.py's accuracy. ONNX has a fixed batch of 16 for 101 images
     (the last batch padded); the MINDIR's dynamic batch runs batches of 32 then 5."""
-    model = exported("resnet18", file_format)["path"]
+    model = exported("resnet10", file_format)["path"]
     val = folder_dir / "val"
     result = run([PYTHON, "predict.py", model, str(val), "--dataset", "imagenet2012", "--labels", str(val)])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -228,8 +229,8 @@ def test_predict_on_jpegs_matches_checkpoint_and_eval(exported, checkpoints, fol
     assert all(len(p["top_k"]) == 5 for p in predictions)
     assert sum(".jpg: " in line for line in result.stdout.splitlines()) == 101  # one readable line each
 
-    ckpt, overrides = checkpoints["resnet18"]
-    logits, labels = reference_logits("resnet18", ckpt, "imagenet2012", folder_dir)
+    ckpt, overrides = checkpoints["resnet10"]
+    logits, labels = reference_logits("resnet10", ckpt, "imagenet2012", folder_dir)
     probabilities = softmax(logits.astype(np.float64))
     class_names = sorted(p.name for p in val.iterdir() if p.is_dir())
     # The pipeline reads sorted class folders, sorted files: the order predict.py lists a folder in.
@@ -272,7 +273,7 @@ def test_predict_cifar_model_on_png_files(exported, checkpoints, cifar_dir, tmp_
 
 
 def test_predict_user_errors_are_one_line(exported, tmp_path):
-    model = exported("resnet18", "MINDIR")["path"]
+    model = exported("resnet10", "MINDIR")["path"]
     labels = tmp_path / "labels.txt"
     labels.write_text("a\nb\nc\n")
     image = tmp_path / "x.jpg"
