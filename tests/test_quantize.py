@@ -1,4 +1,4 @@
-"""export.py --quantize int8 and eval.py --model_file: a resnet18 trained on the sample data,
+"""export.py --quantize int8 and eval.py --model_file: a resnet10 trained on the sample data,
 quantized, and its deployed files evaluated on the test split like its checkpoint."""
 import json
 import sys
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the
 # accuracy cost would mean nothing); about 15 s of training.
 TRAIN = ["--epoch_size", "4", "--batch_size", "16", "--warmup_epochs", "0", "--lr_max", "0.01",
          "--train_image_size", str(SIZE), "--eval_image_size", str(SIZE), "--run_eval", "False"]
-COMMON = ["--config_path", str(CONFIG), "--eval_image_size", str(SIZE)]
+NET = "resnet10"  # the smallest of the family
+COMMON = ["--config_path", str(CONFIG), "--net_name", NET, "--eval_image_size", str(SIZE)]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def workdir(tmp_path_factory) -> Path:
 def checkpoint(workdir, cifar_dir) -> Path:
     result = run([PYTHON, "train.py", *COMMON, "--data_path", str(cifar_dir), "--output_dir", str(workdir)] + TRAIN)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return sorted((workdir / "resnet18" / "cifar10").glob("resnet18-4_*.ckpt"))[-1]
+    return sorted((workdir / NET / "cifar10").glob(f"{NET}-4_*.ckpt"))[-1]
 
 
 def export(checkpoint: Path, name: Path, *extra: str):
@@ -46,7 +47,7 @@ def models(workdir, checkpoint, cifar_dir) -> Dict[str, dict]:
                         ("int8", ["--file_format", "ONNX", "--quantize", "int8", "--calibration_data", str(cifar_dir),
                                   "--calibration_samples", "64", "--verify"]),
                         ("mindir", ["--file_format", "MINDIR"])):
-        result = export(checkpoint, workdir / "models" / f"resnet18_{kind}", *extra)
+        result = export(checkpoint, workdir / "models" / f"{NET}_{kind}", *extra)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         reports[kind] = last_json(result.stdout)
     return reports
@@ -62,10 +63,10 @@ def test_int8_file_holds_quantized_convolutions(models):
     import onnx
     report = models["int8"]
     path = Path(report["path"])
-    assert path.name == "resnet18_int8.onnx" and report["verified"] is True
+    assert path.name == f"{NET}_int8.onnx" and report["verified"] is True
     quantization = report["quantization"]
     assert quantization["calibration_samples"] == 64 and quantization["calibration_method"] == "minmax"
-    assert quantization["convolutions"] == quantization["quantized"] == 20  # resnet18: 17 + 3 shortcut convs
+    assert quantization["convolutions"] == quantization["quantized"] == 12  # resnet10: 9 + 3 shortcut convs
     assert quantization["top1_agreement"] >= 0.9 and 0 < quantization["max_abs_diff"] < 5
     # Read the file itself: every Conv takes its input and its weight from DequantizeLinear, the
     # weights are stored as int8 with one scale per output channel.
@@ -73,7 +74,7 @@ def test_int8_file_holds_quantized_convolutions(models):
     producers = {output: node for node in graph.node for output in node.output}
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     convs = [node for node in graph.node if node.op_type == "Conv"]
-    assert len(convs) == 20
+    assert len(convs) == 12
     for conv in convs:
         data, weight = (producers[name] for name in conv.input[:2])
         assert data.op_type == weight.op_type == "DequantizeLinear"
@@ -158,7 +159,7 @@ def test_histogram_calibration_methods(models, method, tmp_path):
     target = str(tmp_path / f"{method}.onnx")
     quantize_onnx(models["float"]["path"], target, iter(batches), num_batches=3, method=method,
                   workdir=str(tmp_path))
-    assert quantized_convolutions(target) == {"convolutions": 20, "quantized": 20}
+    assert quantized_convolutions(target) == {"convolutions": 12, "quantized": 12}
     assert compare_exports(models["float"]["path"], target, batches)["top1_agreement"] >= 0.75
 
 
