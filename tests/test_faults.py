@@ -34,9 +34,10 @@ from src.training.faults import DivergedError, DivergenceGuard
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
-RUN = Path("resnet18") / "cifar10"
-FOLDER_RUN = Path("resnet18") / "imagenet2012"
-BASE = ["--config_path", CONFIG, "--batch_size", "16", "--log_interval", "1", "--run_eval", "False",
+NET = "resnet10"  # the smallest of the family: the faults checked here do not depend on depth
+RUN = Path(NET) / "cifar10"
+FOLDER_RUN = Path(NET) / "imagenet2012"
+BASE = ["--config_path", CONFIG, "--net_name", NET, "--batch_size", "16", "--log_interval", "1", "--run_eval", "False",
         "--warmup_epochs", "0", "--lr_max", "0.05", "--epoch_size", "1"]
 
 
@@ -131,7 +132,7 @@ def test_nan_run_stops_and_keeps_the_good_checkpoints(cifar_dir, tmp_path):
 def test_a_non_finite_step_is_replayed_and_its_first_non_finite_layer_named(cifar_dir, tmp_path):
     """Weights whose layer3.0.conv1 overflows float32: step 1's loss is NaN, the step is not applied,
     and the replay names the layer in the error line and in the run folder."""
-    net = create_model("resnet18", num_classes=10)
+    net = create_model(NET, num_classes=10)
     for param in net.get_parameters():
         if param.name == "layer3.0.conv1.weight":
             param.set_data(Tensor(np.full(param.shape, 1e38, np.float32)))
@@ -181,12 +182,13 @@ def grow(path: Path, megabytes: int) -> None:
 
 def test_full_disk_during_second_checkpoint_then_resume(cifar_dir, tmp_path):
     # A resnet18 training checkpoint is ~89 MB: the first fits on 130 MB, the second does not.
+    resnet18 = ["--net_name", "resnet18"]
     with small_disk(tmp_path / "disk", 130) as disk:
-        result = run(train_args(cifar_dir, disk, "--save_checkpoint_steps", "3"))
+        result = run(train_args(cifar_dir, disk, "--save_checkpoint_steps", "3", *resnet18))
         assert result.returncode == 2, result.stderr[-3000:]
         line = error_line(result)
         assert result.stderr.strip().splitlines() == [line]  # nothing else: no traceback, no framework log
-        folder = disk / RUN
+        folder = disk / "resnet18" / "cifar10"
         assert "cannot write" in line and "resnet18-1_6.ckpt" in line and "No space left" in line
         assert "free in" in result.stdout and "less than the last checkpoint" in result.stdout
         assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "metrics.csv", "resnet18-1_3.ckpt",
@@ -197,7 +199,7 @@ def test_full_disk_during_second_checkpoint_then_resume(cifar_dir, tmp_path):
         grow(disk, 400)
         (folder / ".tmp-4242-resnet18-1_9.tmp").write_bytes(b"left by a killed run")
         (folder / "notes.txt").write_text("mine")
-        resumed = run(train_args(cifar_dir, disk, "--resume", "True"))
+        resumed = run(train_args(cifar_dir, disk, "--resume", "True", *resnet18))
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert "removed 1 temporary file(s) left by an interrupted run: .tmp-4242-resnet18-1_9.tmp" in resumed.stdout
         assert "resumed from" in resumed.stdout and "resnet18-1_3.ckpt at global step 3" in resumed.stdout
