@@ -312,9 +312,9 @@ def test_a_resumed_epoch_and_a_later_start_epoch_equal_the_folders(sample_root, 
 def test_training_from_shards_ends_with_the_folders_weights(sample_root, shard_root, tmp_path):
     """train.py with the data recipe from the CIFAR-10 files and from their shards: the very same
     weights after an epoch, and the same evaluation of them."""
-    config = ["--config_path", str(REPO / "config" / "sample_resnet18.yaml"), "--net_name", "resnet10", "--epoch_size", "1",
-              "--batch_size", "16", "--warmup_epochs", "0", "--auto_augment", "cifar10", "--random_erase", "0.25",
-              "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0"]
+    config = ["--config_path", str(REPO / "config" / "sample_resnet18.yaml"), "--net_name", "resnet10",
+              "--epoch_size", "1", "--batch_size", "16", "--warmup_epochs", "0", "--auto_augment", "cifar10",
+              "--random_erase", "0.25", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0"]
     weights, evaluations = [], []
     for name, data in (("folder", sample_root / "cifar10"), ("shards", shard_root / "cifar10")):
         result = run([PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(tmp_path / name), *config])

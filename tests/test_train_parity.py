@@ -23,7 +23,9 @@ from train_parity import LEARN_FLOOR, learning_verdict
 
 pytestmark = pytest.mark.slow
 TOOL = [PYTHON, "train_parity.py"]
-SMALL = ["--config_path", "config/resnet18_cifar10.yaml", "--device_target", "CPU", "--train_image_size", "32",
+NET = "resnet10"  # the smallest of the family: what is compared does not depend on depth
+SMALL = ["--config_path", "config/resnet18_cifar10.yaml", "--net_name", NET, "--device_target", "CPU",
+         "--train_image_size", "32",
          "--batch_size", "8", "--num_parallel_workers", "1", "--lr_max", "0.01", "--warmup_epochs", "1",
          "--epoch_size", "3"]
 PLANTED = '''
@@ -32,11 +34,11 @@ import torch
 from src.migration import torch_resnet
 
 
-def resnet18_planted(num_classes=1000):
+def resnet10_planted(num_classes=1000):
     """Two wrong definitions: an epsilon in one BatchNorm, a momentum in another."""
-    model = torch_resnet.resnet18(num_classes)
+    model = torch_resnet.resnet10(num_classes)
     model.layer2[0].bn1.eps = 1e-2
-    model.layer3[1].bn2.momentum = 0.5
+    model.layer3[0].bn2.momentum = 0.5
     return model
 
 
@@ -52,8 +54,8 @@ class LateBiasGradient(torch.nn.Linear):
         return torch.nn.functional.linear(x, self.weight, bias)
 
 
-def resnet18_late_bias(num_classes=1000):
-    model = torch_resnet.resnet18(num_classes)
+def resnet10_late_bias(num_classes=1000):
+    model = torch_resnet.resnet10(num_classes)
     late = LateBiasGradient(model.fc.in_features, model.fc.out_features)
     late.load_state_dict(model.fc.state_dict())
     model.fc = late
@@ -70,8 +72,8 @@ class TransposedKernelGradient(torch.nn.Conv2d):
         return self._conv_forward(x, kernel, self.bias)
 
 
-def resnet18_transposed_kernel_gradient(num_classes=1000):
-    model = torch_resnet.resnet18(num_classes)
+def resnet10_transposed_kernel_gradient(num_classes=1000):
+    model = torch_resnet.resnet10(num_classes)
     old = model.layer2[0].conv2
     planted = TransposedKernelGradient(old.in_channels, old.out_channels, old.kernel_size, old.stride, old.padding,
                                        bias=False)
@@ -121,7 +123,7 @@ def test_the_v2_switches_train_alike_step_by_step(cifar_dir, tmp_path):
     assert report["ok"] and report["first_difference"] is None and report["steps"] == 3
     steps = rows(out / "steps.csv")
     assert [int(r["step"]) for r in steps] == [1, 2, 3] and all(r["within"] == "True" for r in steps)
-    model = torch_resnet.resnet18(10)
+    model = torch_resnet.resnet10(10)
     trained = [name for name, p in model.named_parameters() if p.requires_grad]
     assert [r["name"] for r in rows(out / "gradients.csv")] == trained
     weights = rows(out / "weights.csv")
@@ -147,8 +149,11 @@ def test_adamw_on_dumped_batches_in_pynative_mode_compares_every_layer(cifar_dir
         np.save(batches / f"{step:06d}_images.npy", rng.standard_normal((4, 3, 32, 32)).astype(np.float32))
         np.save(batches / f"{step:06d}_labels.npy", rng.integers(0, 10, 4).astype(np.int64))
     out = tmp_path / "out"
+    # resnet18: on resnet10 this batch gives one weight element a gradient near zero whose sign the
+    # two frameworks round apart, so AdamW's first step moves it by +-lr, beyond a floor measured from
+    # PyTorch's float32 and float64 runs, which agree on that sign (an open limit of the floor).
     result, report = parity(cifar_dir, out, "--steps", "2", "--batches", str(batches), "--optimizer", "AdamW",
-                            "--weight_decay", "0.05", "--pynative", "--per_layer")
+                            "--weight_decay", "0.05", "--pynative", "--per_layer", "--net_name", "resnet18")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] and report["mode"] == "PYNATIVE" and report["first_difference"] is None
     layers = rows(out / "layers.csv")
@@ -160,22 +165,22 @@ def test_adamw_on_dumped_batches_in_pynative_mode_compares_every_layer(cifar_dir
 
 def test_planted_batchnorm_epsilon_and_momentum_are_found_and_named(cifar_dir, tmp_path):
     out = tmp_path / "out"
-    result, report = parity(cifar_dir, out, "--steps", "1", "--torch_model", "planted:resnet18_planted",
+    result, report = parity(cifar_dir, out, "--steps", "1", "--torch_model", "planted:resnet10_planted",
                             env=planted_env(tmp_path))
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] is False and report["first_bad_step"] == 1
     assert report["first_difference"] == "layer2.0.bn1"
     differing = {r["layer"] for r in rows(out / "layers.csv") if r["status"] == "differs"}
     leaves = {name for name in differing if name.split(".")[-1].startswith(("bn", "conv"))}
-    assert leaves == {"layer2.0.bn1", "layer3.1.bn2"}
-    momentum_row = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer3.1.bn2")
+    assert leaves == {"layer2.0.bn1", "layer3.0.bn2"}
+    momentum_row = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer3.0.bn2")
     assert float(momentum_row["running_mean_ratio"]) > 1e3 and float(momentum_row["output_ratio"]) < 30
 
 
 def test_a_difference_only_in_the_final_weights_fails_and_is_named(cifar_dir, tmp_path):
     """Every loss and step-1 tensor agree; only fc.bias after step 2 does not: the verdict must say FAIL."""
     out = tmp_path / "out"
-    result, report = parity(cifar_dir, out, "--steps", "2", "--torch_model", "planted:resnet18_late_bias",
+    result, report = parity(cifar_dir, out, "--steps", "2", "--torch_model", "planted:resnet10_late_bias",
                             env=planted_env(tmp_path))
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] is False and report["first_bad_step"] is None
@@ -188,7 +193,7 @@ def test_a_difference_only_in_the_final_weights_fails_and_is_named(cifar_dir, tm
 def test_a_kernel_gradient_wrong_only_in_the_weights_is_named_by_the_layer_finder(cifar_dir, tmp_path):
     out = tmp_path / "out"
     result, report = parity(cifar_dir, out, "--steps", "1", "--torch_model",
-                            "planted:resnet18_transposed_kernel_gradient", env=planted_env(tmp_path))
+                            "planted:resnet10_transposed_kernel_gradient", env=planted_env(tmp_path))
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["first_bad_step"] == 1 and report["first_difference"] == "layer2.0.conv2"
     layer = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer2.0.conv2")
@@ -208,7 +213,7 @@ def test_a_planted_convolution_padding_in_resnext_is_found(cifar_dir, tmp_path):
 
 def test_the_first_non_finite_layer_of_a_replayed_step_is_named(cifar_dir, tmp_path):
     """A checkpoint whose layer3.0.conv1 weights overflow float32: its output is the first Inf."""
-    net = create_model("resnet18", num_classes=10)
+    net = create_model(NET, num_classes=10)
     entries = []
     for param in net.get_parameters():
         value = param.asnumpy()
@@ -228,8 +233,8 @@ def test_the_first_non_finite_layer_of_a_replayed_step_is_named(cifar_dir, tmp_p
 def test_a_data_parallel_runs_step_is_replayed_as_its_rank_saw_it(cifar_dir, tmp_path):
     """A checkpoint beside another rank's files is from a data-parallel run: without --ranks and
     --rank the replay refuses in one line; with them it replays that rank's share of the step."""
-    net = create_model("resnet18", num_classes=10)
-    ckpt = tmp_path / "run" / "resnet18-1_4.ckpt"
+    net = create_model(NET, num_classes=10)
+    ckpt = tmp_path / "run" / f"{NET}-1_4.ckpt"
     ckpt.parent.mkdir()
     ms.save_checkpoint(net, str(ckpt))
     (tmp_path / "run" / "nonfinite_rank1.json").write_text("{}")
