@@ -20,18 +20,19 @@ from src.training.optimizer import create_optimizer
 from src.training.train_step import EmaSchedule, NetWithLoss, TrainStep, ema_schedule
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
-IMAGE = 8  # small images keep resnet18 cheap; the step does not care about the size
+NET = "resnet10"  # the smallest of the family: what a step does does not depend on depth
+IMAGE = 8  # small images keep the network cheap; the step does not care about the size
 
 
 @pytest.fixture(scope="module")
 def initial():
     """One set of initial weights that every network in this module starts from."""
     ms.set_seed(0)
-    return {p.name: p.asnumpy().copy() for p in create_model("resnet18", num_classes=10).get_parameters()}
+    return {p.name: p.asnumpy().copy() for p in create_model(NET, num_classes=10).get_parameters()}
 
 
 def network(initial: dict, freeze_bn: bool = True) -> nn.Cell:
-    net = create_model("resnet18", num_classes=10, freeze_bn=freeze_bn)
+    net = create_model(NET, num_classes=10, freeze_bn=freeze_bn)
     for param in net.get_parameters():
         param.set_data(Tensor(initial[param.name]))
     return net
