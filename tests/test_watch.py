@@ -74,15 +74,15 @@ def test_curves_are_redrawn_at_most_once_a_minute_and_at_the_end(tmp_path):
     plotter = RecordPlotter(record, clock=lambda: now[0])
     curves = tmp_path / "curves.png"
 
-    def epoch_ends_at(seconds: float, loss: float) -> bool:
+    def epoch_ends_at(seconds: float) -> bool:
         now[0] = seconds
-        record.add(epoch=1, step=int(seconds), loss=loss, lr=0.1)
+        record.add(epoch=1, step=int(seconds), loss=1.0, lr=0.1)
         curves.unlink(missing_ok=True)
         plotter.on_train_epoch_end(None)
         return curves.exists()
 
-    assert [epoch_ends_at(t, 1.0) for t in (10, PLOT_EVERY_SECONDS - 1, PLOT_EVERY_SECONDS, PLOT_EVERY_SECONDS + 5,
-                                           2 * PLOT_EVERY_SECONDS)] == [False, False, True, False, True]
+    assert [epoch_ends_at(t) for t in (10, PLOT_EVERY_SECONDS - 1, PLOT_EVERY_SECONDS, PLOT_EVERY_SECONDS + 5,
+                                      2 * PLOT_EVERY_SECONDS)] == [False, False, True, False, True]
     curves.unlink()
     plotter.on_train_end(None)
     assert not curves.exists()  # nothing new since the last drawing
