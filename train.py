@@ -402,7 +402,7 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
                                 save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
                                 first_step=first_step, periodic=cfg.save_checkpoint,
                                 before_save=guard.check_weights, log=log)
-        callbacks += [saver, RecordPlotter(record)]
+        callbacks += [saver] + ([RecordPlotter(record)] if cfg.plot_curves else [])
     if cfg.enable_profiling:
         callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),
                                          device_target=cfg.device_target, steps=cfg.profile_steps, clock=clock,

@@ -17,6 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+# curves.png costs about a second of matplotlib per training: the tests that do not look at it
+# train without it (tests/test_resume.py checks it and its absence).
+NO_CURVES = ["--plot_curves", "False"]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GLOG_v", "3")
 
@@ -190,7 +193,7 @@ def sample_run(tmp_path_factory, cifar_dir) -> Tuple[Path, str]:
         PYTHON, "train.py", "--config_path", str(REPO / "config" / "sample_resnet18.yaml"),
         "--data_path", str(cifar_dir), "--batch_size", "16", "--lr_max", "0.05", "--warmup_epochs", "0",
         "--clip_grad_norm", "1.0", "--epoch_size", "2", "--run_eval", "True", "--log_interval", "4",
-        "--enable_profiling", "True", "--profile_steps", "3"])
+        "--enable_profiling", "True", "--profile_steps", "3", *NO_CURVES])
     return out / "resnet18" / "cifar10", stdout
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from conftest import PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, run
 from src.cpu_convolution import (
     OneDnnConv2d,
     all_finite_op,
@@ -260,7 +260,7 @@ def test_a_default_training_run_convolves_with_ours_and_never_a_reference_kernel
     env["ONEDNN_VERBOSE"] = "1"
     result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml",
                   "--data_path", str(tmp_path / "data" / "cifar10"), "--output_dir", str(tmp_path / "out"),
-                  "--epoch_size", "1", "--batch_size", "8", "--save_checkpoint", "False"], env=env)
+                  "--epoch_size", "1", "--batch_size", "8", "--save_checkpoint", "False", *NO_CURVES], env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     ours = our_conv_implementations(result.stdout)
     assert ours and not [name for name in ours if "ref" in name], ours
@@ -276,7 +276,7 @@ def test_training_run_uses_fast_3x3_convolutions(tmp_path):
     result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml",
                   "--data_path", str(tmp_path / "data" / "cifar10"), "--output_dir", str(tmp_path / "out"),
                   "--epoch_size", "1", "--batch_size", "8", "--save_checkpoint", "False",
-                  "--cpu_convolution", "mindspore"], env=env)
+                  "--cpu_convolution", "mindspore", *NO_CURVES], env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     implementations = conv_implementations(result.stdout)
     assert implementations, "no 3x3 convolution was reported by oneDNN"

@@ -11,7 +11,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from conftest import PYTHON, REPO, run, wait_for_step
+from conftest import NO_CURVES, PYTHON, REPO, run, wait_for_step
 from netns import free_port, two_nodes, unavailable
 from src.errors import UserInputError
 from src.resnet import create_model
@@ -51,7 +51,7 @@ def runs(tmp_path_factory, cifar_dir):
                     "--master_port", "8161", "--output_dir", str(out / "dp"), "--batch_size", "8",
                     "--dataset_sink_mode", "True"] + COMMON)
     single = run([PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir),
-                  "--output_dir", str(out / "single"), "--batch_size", "16"] + COMMON)
+                  "--output_dir", str(out / "single"), "--batch_size", "16", *NO_CURVES] + COMMON)
     return out, launched, single
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, run
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -17,7 +17,7 @@ CONFIG = REPO / "config" / "sample_resnet18.yaml"
 SIZE = 32
 # A low learning rate keeps one epoch's logits in a sane range (and its predictions varied).
 TRAIN = ["--epoch_size", "1", "--batch_size", "16", "--warmup_epochs", "0", "--lr_max", "0.002",
-         "--train_image_size", str(SIZE), "--eval_image_size", str(SIZE), "--run_eval", "False"]
+         "--train_image_size", str(SIZE), "--eval_image_size", str(SIZE), "--run_eval", "False", *NO_CURVES]
 TOLERANCE = 1e-4
 
 

@@ -17,7 +17,7 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 from PIL import Image
 
-from conftest import PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, run
 from src.data.bad_samples import BadSampleLog, bad_sample_limit, scan_unreadable
 from src.data.batches import AugmentedSource
 from src.data.image_decode import crop_resize
@@ -38,7 +38,7 @@ NET = "resnet10"  # the smallest of the family: the faults checked here do not d
 RUN = Path(NET) / "cifar10"
 FOLDER_RUN = Path(NET) / "imagenet2012"
 BASE = ["--config_path", CONFIG, "--net_name", NET, "--batch_size", "16", "--log_interval", "1", "--run_eval", "False",
-        "--warmup_epochs", "0", "--lr_max", "0.05", "--epoch_size", "1"]
+        "--warmup_epochs", "0", "--lr_max", "0.05", "--epoch_size", "1", *NO_CURVES]
 
 
 def train_args(data: Path, out: Path, *extra: str) -> list:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
-from conftest import PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, run
 from src.resnet import create_model
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
@@ -51,7 +51,7 @@ def write_pretrained(path: Path) -> dict:
 def test_frozen_backbone_run_changes_only_the_head(cifar_dir, tmp_path):
     before = write_pretrained(tmp_path / "imagenet.ckpt")
     common = [PYTHON, "train.py", "--config_path", CONFIG, "--data_path", str(cifar_dir), "--batch_size", "16",
-              "--epoch_size", "1", "--warmup_epochs", "0", "--lr_max", "0.05", "--run_eval", "False"]
+              "--epoch_size", "1", "--warmup_epochs", "0", "--lr_max", "0.05", "--run_eval", "False", *NO_CURVES]
     refused = run(common + ["--output_dir", str(tmp_path / "a"), "--freeze_backbone", "True"])
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr[-2000:]
     assert "--pre_trained" in refused.stderr and not (tmp_path / "a").exists()

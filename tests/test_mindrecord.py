@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mindspore.mindrecord import FileWriter
 
-from conftest import PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, run
 from src.data import mindrecord
 from src.data.bad_samples import scan_unreadable
 from src.data.mindrecord import prepare_partial
@@ -314,7 +314,7 @@ def test_training_from_shards_ends_with_the_folders_weights(sample_root, shard_r
     weights after an epoch, and the same evaluation of them."""
     config = ["--config_path", str(REPO / "config" / "sample_resnet18.yaml"), "--net_name", "resnet10",
               "--epoch_size", "1", "--batch_size", "16", "--warmup_epochs", "0", "--auto_augment", "cifar10",
-              "--random_erase", "0.25", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0"]
+              "--random_erase", "0.25", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", *NO_CURVES]
     weights, evaluations = [], []
     for name, data in (("folder", sample_root / "cifar10"), ("shards", shard_root / "cifar10")):
         result = run([PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(tmp_path / name), *config])

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from test_export import CONFIG, SIZE, last_json, one_error_line
 
-from conftest import PYTHON, run
+from conftest import NO_CURVES, PYTHON, run
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
 # Four epochs reach ~0.75 top-1 on the 101 test images (one epoch stays near chance, where an
 # accuracy cost would mean nothing); about 15 s of training.
 TRAIN = ["--epoch_size", "4", "--batch_size", "16", "--warmup_epochs", "0", "--lr_max", "0.01",
-         "--train_image_size", str(SIZE), "--eval_image_size", str(SIZE), "--run_eval", "False"]
+         "--train_image_size", str(SIZE), "--eval_image_size", str(SIZE), "--run_eval", "False", *NO_CURVES]
 NET = "resnet10"  # the smallest of the family
 COMMON = ["--config_path", str(CONFIG), "--net_name", NET, "--eval_image_size", str(SIZE)]
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import PYTHON, REPO, run, wait_for_step
+from conftest import NO_CURVES, PYTHON, REPO, run, wait_for_step
 from src.training.checkpoint import EMA_PREFIX, list_checkpoints, network_part, read_checkpoint
 from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard
 
@@ -25,7 +25,7 @@ NET = "resnet10"  # the smallest of the family: what is checked here does not de
 RUN = Path(NET) / "cifar10"
 # 12 steps per epoch (200 images, batch 16); every step logged so per-step losses can be compared.
 TRAIN = ["--config_path", CONFIG, "--net_name", NET, "--batch_size", "16", "--log_interval", "1", "--run_eval", "False",
-         "--lr_max", "0.05", "--warmup_epochs", "0"]
+         "--lr_max", "0.05", "--warmup_epochs", "0", *NO_CURVES]
 
 
 # The optimization recipe on (tests/test_train_step.py checks each part against a reference): 2
@@ -72,7 +72,7 @@ def kill_when(process: subprocess.Popen, path: Path, delay: float = 0.0, timeout
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, cifar_dir) -> Path:
     out = tmp_path_factory.mktemp("straight")
-    result = run(train_args(cifar_dir, out, "--epoch_size", "3", *RECIPE))
+    result = run(train_args(cifar_dir, out, "--epoch_size", "3", *RECIPE, "--plot_curves", "True"))  # checked below
     assert result.returncode == 0, result.stderr[-3000:]
     return out / RUN
 
@@ -87,6 +87,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_di
 
     resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True", *RECIPE))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not (folder / "curves.png").exists()  # --plot_curves False: the record and TensorBoard only
 
     expected, got = step_losses(uninterrupted), step_losses(folder)
     assert sorted(got) == list(range(1, 37)) == sorted(expected)  # each step recorded exactly once

@@ -324,9 +324,9 @@ def test_learning_side_by_side_reports_both_curves_per_seed(tmp_path):
     each seed and epoch, streamed from the pipelines, and the verdict: the difference of the final
     means against its standard error over the seeds (one seed: LEARN_FLOOR), whichever way it goes."""
     result = run(TOOL + ["--learn", "1", "--seeds", "1", "--config_path", "config/resnet18_cifar10.yaml",
-                         "--device_target", "CPU", "--train_image_size", "32", "--eval_image_size", "32",
-                         "--batch_size", "128", "--warmup_epochs", "0", "--num_parallel_workers", "1",
-                         "--output_dir", str(tmp_path)])
+                         "--net_name", NET, "--device_target", "CPU", "--train_image_size", "32",
+                         "--eval_image_size", "32", "--batch_size", "128", "--warmup_epochs", "0",
+                         "--num_parallel_workers", "1", "--output_dir", str(tmp_path)])
     report = json.loads(result.stdout.strip().splitlines()[-1])
     curves = report["learn"]["1"]
     assert list(report["learn"]) == ["1"]

@@ -14,7 +14,7 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 from PIL import Image
 
-from conftest import PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, run
 from src.cpu_convolution import unavailable_reason
 from src.data.sources import CIFAR_RECORD_BYTES
 from src.training.callbacks import PLOT_EVERY_SECONDS, ProfilerMonitor, RecordPlotter
@@ -29,7 +29,7 @@ CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
 # 12 steps per epoch (200 images, batch 16); clipping, so the step reports its gradient norm.
 TRAIN = ["--config_path", CONFIG, "--batch_size", "16", "--lr_max", "0.05", "--warmup_epochs", "0",
-         "--clip_grad_norm", "1.0"]
+         "--clip_grad_norm", "1.0", *NO_CURVES]
 
 
 def train_args(data: Path, out: Path, *extra: str) -> list:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, run
 from src.config import DEFAULT_CONFIG, load_config, read_yaml
 from src.errors import UserInputError
 
@@ -66,7 +66,7 @@ IGNORED = ["enable_modelarts", "data_url", "train_url", "checkpoint_url", "load_
            "network_dataset", "save_graphs", "save_graphs_path", "has_trained_epoch", "has_trained_step",
            "result_path", "label_path", "img_path", "enable_predict_lite_backend", "enable_predict_lite_mindir",
            "mindir_path"]
-FAST = ["--device_target", "CPU", "--log_interval", "1"]
+FAST = ["--device_target", "CPU", "--log_interval", "1", *NO_CURVES]
 
 
 def write_zoo_file(path: Path, values: dict, helps: dict = HELP) -> Path:
