@@ -18,6 +18,7 @@ import pytest
 from mindspore import Tensor, nn
 
 from conftest import PYTHON, run
+from src.errors import run_cli
 from src.migration import convert_torch as ct
 from src.resnet import ARCHS, create_model
 from src.training.checkpoint import is_training_state
@@ -44,11 +45,22 @@ def ok(result) -> str:
 
 def convert(*argv: str) -> str:
     """The conversion command's main (`python -m src.migration.convert_torch`) called in this
-    process: its stdout. The command itself runs as a subprocess in the refusal tests below."""
+    process: its stdout. The command itself runs as a subprocess in some refusal tests below."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert ct.main(list(argv)) == 0
     return out.getvalue()
+
+
+def refused(*argv: str) -> str:
+    """The conversion command run in this process as its `__main__` runs it (src.errors.run_cli):
+    a user error exits 2 with exactly one line on stderr; that line."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exited:
+        run_cli(ct.main, list(argv))
+    lines = err.getvalue().strip().splitlines()
+    assert exited.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err.getvalue()[-3000:]
+    return lines[0]
 
 
 def last_json(stdout: str) -> dict:
@@ -329,18 +341,18 @@ def test_malicious_pth_is_refused_without_running_it(torch_files, tmp_path):
                     pickle.dump({"hook": _RunsCode(marker)}, handle)
             payloads[kind, role] = (path, marker)
 
-    # The payloads are live: an unsafe load does run them.
-    loaders = {"zip": "import torch, sys; torch.load(sys.argv[1], weights_only=False)",
-               "legacy": "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))"}
-    for kind, code in loaders.items():
+    # The payloads are live: an unsafe load does run them (here, in this process: a `touch`).
+    loaders = {"zip": lambda path: torch.load(path, weights_only=False),
+               "legacy": lambda path: pickle.loads(path.read_bytes())}
+    for kind, load in loaders.items():
         path, marker = payloads[kind, "proof"]
-        run([PYTHON, "-c", code, str(path)])
+        load(path)
         assert marker.exists(), f"the {kind} test payload did not run under an unsafe load"
 
     for kind in ("zip", "legacy"):
         path, marker = payloads[kind, "attack"]
         out = tmp_path / f"{kind}.ckpt"
-        line = one_line_error(run(CONVERT + ["--arch", "resnet18", "--pth", str(path), "--ckpt", str(out)]))
+        line = refused("--arch", "resnet18", "--pth", str(path), "--ckpt", str(out))
         assert "refused" in line and "weights_only" in line, line
         assert not marker.exists() and not out.exists()
     path, marker = payloads["zip", "attack"]
@@ -363,7 +375,7 @@ def test_not_a_state_dict_is_a_clear_error(tmp_path):
     torch = pytest.importorskip("torch")
     path = tmp_path / "numbers.pth"
     torch.save({"epoch": 3, "lr": 0.1}, path)
-    line = one_line_error(run(CONVERT + ["--arch", "resnet18", "--pth", str(path), "--ckpt", str(tmp_path / "x")]))
+    line = refused("--arch", "resnet18", "--pth", str(path), "--ckpt", str(tmp_path / "x"))
     assert "holds no state dict" in line and "epoch" in line
 
 
