@@ -186,15 +186,16 @@ def folder_dir(sample_root) -> Path:
 
 @pytest.fixture(scope="session")
 def sample_run(tmp_path_factory, cifar_dir) -> Tuple[Path, str]:
-    """Two epochs of the sample ResNet18 (12 steps each, clipping on) with evaluation, its report,
-    and the profiler over 3 steps: the run folder and stdout, trained once per suite run for the
-    tests that read a finished run (TensorBoard, the report, the profiler's files)."""
+    """Two epochs of the sample config on resnet10, the smallest of the family (12 steps each,
+    clipping on) with evaluation, its report, and the profiler over 3 steps: the run folder and
+    stdout, trained once per suite run for the tests that read a finished run (TensorBoard, the
+    report, the profiler's files)."""
     out, stdout = trained_once(tmp_path_factory, [
-        PYTHON, "train.py", "--config_path", str(REPO / "config" / "sample_resnet18.yaml"),
+        PYTHON, "train.py", "--config_path", str(REPO / "config" / "sample_resnet18.yaml"), "--net_name", "resnet10",
         "--data_path", str(cifar_dir), "--batch_size", "16", "--lr_max", "0.05", "--warmup_epochs", "0",
         "--clip_grad_norm", "1.0", "--epoch_size", "2", "--run_eval", "True", "--log_interval", "4",
         "--enable_profiling", "True", "--profile_steps", "3", *NO_CURVES])
-    return out / "resnet18" / "cifar10", stdout
+    return out / "resnet10" / "cifar10", stdout
 
 
 @pytest.fixture(scope="session")

@@ -258,7 +258,7 @@ def test_a_default_training_run_convolves_with_ours_and_never_a_reference_kernel
     write_sample_data(str(tmp_path / "data"), train_per_class=2, test_per_class=1, formats=("cifar10",))
     env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
     env["ONEDNN_VERBOSE"] = "1"
-    result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml",
+    result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml", "--net_name", "resnet10",
                   "--data_path", str(tmp_path / "data" / "cifar10"), "--output_dir", str(tmp_path / "out"),
                   "--epoch_size", "1", "--batch_size", "8", "--save_checkpoint", "False", *NO_CURVES], env=env)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -273,7 +273,7 @@ def test_training_run_uses_fast_3x3_convolutions(tmp_path):
     write_sample_data(str(tmp_path / "data"), train_per_class=2, test_per_class=1, formats=("cifar10",))
     env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
     env["ONEDNN_VERBOSE"] = "1"
-    result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml",
+    result = run([PYTHON, "train.py", "--config_path", "config/sample_resnet18.yaml", "--net_name", "resnet10",
                   "--data_path", str(tmp_path / "data" / "cifar10"), "--output_dir", str(tmp_path / "out"),
                   "--epoch_size", "1", "--batch_size", "8", "--save_checkpoint", "False",
                   "--cpu_convolution", "mindspore", *NO_CURVES], env=env)

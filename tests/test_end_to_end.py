@@ -63,8 +63,9 @@ def test_run_eval_reports_accuracy_on_every_sample(cifar_run, workdir):
 
 
 def test_train_and_eval_on_image_folders(tmp_path, folder_dir):
-    common = ["--config_path", str(CONFIG), "--dataset", "imagenet2012", "--data_path", str(folder_dir),
-              "--train_image_size", "48", "--eval_image_size", "48", "--output_dir", str(tmp_path),
+    common = ["--config_path", str(CONFIG), "--net_name", "resnet10",  # the smallest: the data path is what is tested
+              "--dataset", "imagenet2012", "--data_path", str(folder_dir), "--train_image_size", "48",
+              "--eval_image_size", "48", "--output_dir", str(tmp_path),
               "--num_parallel_workers", "2", "--data_worker_kind", "thread"]
     # mixed precision (O2) with the v2 recipe's data switches: the input stage runs in float32
     # before the float16 network, erasing and mixing included
@@ -72,10 +73,10 @@ def test_train_and_eval_on_image_folders(tmp_path, folder_dir):
               "--cutmix_alpha", "1.0"]
     trained = run([PYTHON, "train.py"] + common + FAST + ["--epoch_size", "1"] + recipe)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    with open(tmp_path / "resnet18" / "imagenet2012" / "metrics.csv", newline="") as handle:
+    with open(tmp_path / "resnet10" / "imagenet2012" / "metrics.csv", newline="") as handle:
         losses = [float(row["loss"]) for row in csv.DictReader(handle) if row["loss"]]
     assert losses and all(math.isfinite(loss) for loss in losses)
-    ckpt = tmp_path / "resnet18" / "imagenet2012" / "resnet18-1_12.ckpt"
+    ckpt = tmp_path / "resnet10" / "imagenet2012" / "resnet10-1_12.ckpt"
     evaluated = run([PYTHON, "eval.py"] + common + ["--checkpoint_file_path", str(ckpt), "--batch_size", "32"])
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     report = last_json(evaluated.stdout)

@@ -52,7 +52,7 @@ def test_tensorboard_serves_the_runs_scalars_config_and_pictures(sample_run):
         assert_scalars_equal_record(board, rows)
 
         groups = board.session_groups()
-        assert len(groups) == 1 and groups[0]["hparams"]["net_name"] == "resnet18"
+        assert len(groups) == 1 and groups[0]["hparams"]["net_name"] == "resnet10"
         assert groups[0]["hparams"]["epoch_size"] == 2 and groups[0]["hparams"]["batch_size"] == 16
         last = {m["name"]["tag"]: m["value"] for m in groups[0]["metricValues"]}
         assert np.isclose(last["eval/top_1"], float(rows[-1]["top_1"]))
