@@ -10,6 +10,5 @@ cd "$ROOT"
 # subprocess, a signal or a cluster to form, and the extra worker keeps the cores busy meanwhile.
 # --dist loadscope keeps a module on one worker, so its module fixtures (trained checkpoints) run once;
 # the longest modules go first (tests/conftest.py, LONGEST_FIRST).
-# Tests marked `alone` take the whole machine: see tests/conftest.py, share_of_machine.
 WORKERS=$(( $(nproc) + 1 )); (( WORKERS <= 5 )) || WORKERS=5
 exec "$ROOT/.venv/bin/python" -m pytest -n "$WORKERS" --dist loadscope --no-loadscope-reorder tests "$@"

@@ -1,5 +1,4 @@
 """Shared fixtures: the repository on sys.path, fast CPU convolutions, small generated datasets."""
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -11,7 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import pytest
 
@@ -34,8 +33,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# The folder the xdist workers of one suite run share (set for xdist runs): the machine-sharing
-# locks, and what is built once per run (`built_once`).
+# The folder the xdist workers of one suite run share (set for xdist runs): what is built once
+# per run (`built_once`).
 SHARED = "RESNET_TESTS_SHARED"
 
 
@@ -83,28 +82,6 @@ def trained_once(tmp_path_factory, args: List[str]) -> Tuple[Path, str]:
     return folder / "out", (folder / "stdout.txt").read_text(encoding="utf-8")
 
 
-@contextlib.contextmanager
-def share_of_machine(alone: bool) -> Iterator[None]:
-    """Under pytest-xdist, a test marked `alone` runs while no other worker runs a test; the others
-    share the machine. A readers-writer lock over two files all workers of this run see: the gate
-    gives a waiting `alone` test priority (no one starts a test while it waits), the machine lock
-    is shared by ordinary tests and held exclusively by an `alone` one."""
-    folder = _shared_folder()
-    if folder is None:  # one process: nothing runs beside the test
-        yield
-        return
-    with open(os.path.join(folder, "gate"), "a") as gate, open(os.path.join(folder, "machine"), "a") as machine:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(machine, fcntl.LOCK_UN)
-
-
 # The modules that take longest (seconds of one worker, measured), started first so that no long
 # module is left for one worker at the end while the other idles (scripts/run_tests.sh passes
 # --no-loadscope-reorder so xdist keeps this order).
@@ -147,10 +124,9 @@ def _count_run(args: List[str]) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Setup, call and teardown of each test (module fixtures it starts included) under its share."""
+    """Setup, call and teardown of each test (module fixtures it starts included), measured."""
     start_cpu, start_wall = _cpu_seconds(), time.time()
-    with share_of_machine(alone=item.get_closest_marker("alone") is not None):
-        yield
+    yield
     work = _module_work(item.module.__name__ if item.module else "?")
     work["tests"] += 1
     work["cpu_s"] += _cpu_seconds() - start_cpu

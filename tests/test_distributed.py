@@ -158,7 +158,6 @@ def namespaces_allowed():
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # two nodes on a cluster clock: the whole machine
 @pytest.mark.usefixtures("namespaces_allowed")
 def test_two_nodes_stop_together_resume_exactly_and_train_the_weights_of_one_node(runs, cifar_dir, tmp_path):
     """Two network namespaces as two servers (own address, own hostname), one rank each. A SIGTERM

@@ -149,7 +149,6 @@ def test_a_resume_that_finds_no_checkpoint_on_one_node_says_so():
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # waits out MindSpore's 30 s heartbeat: the whole machine
 def test_a_rank_killed_mid_run_is_named_by_the_launcher(cifar_dir, tmp_path):
     """msrun reports a dead worker by process id only; the launcher names its rank."""
     launcher = subprocess.Popen(["bash", DIST_SH, str(cifar_dir), CONFIG, "--device_target", "CPU", "--output_dir",
