@@ -19,8 +19,8 @@ MindSpore-vs-PyTorch difference is divided by the float32-vs-float64 difference 
 quantity (its rounding floor); a ratio above --multiple fails. When something fails (or with
 --per_layer), each layer is compared alone on that step's batch (src/migration/layer_diff.py) and
 the first that differs is named. Files in --output_dir: steps.csv, gradients.csv, weights.csv,
-layers.csv, loss.png, final.ckpt, final.pth. The last stdout line is one JSON object; exit 0
-within tolerance, 1 not, 2 for bad input.
+layers.csv, loss.png (not with plot_curves False), final.ckpt, final.pth. The last stdout line is
+one JSON object; exit 0 within tolerance, 1 not, 2 for bad input.
 """
 import argparse
 import copy
@@ -687,7 +687,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     write_csv(os.path.join(out, "gradients.csv"), tables["gradients"])
     write_csv(os.path.join(out, "weights.csv"), tables["weights"])
     write_csv(os.path.join(out, "layers.csv"), layer_table(layers))
-    plot_losses(os.path.join(out, "loss.png"), tables["steps"])
+    if cfg.plot_curves:
+        plot_losses(os.path.join(out, "loss.png"), tables["steps"])
     save_final(out, net, step_cell, side32.model.state_dict())
 
     floor = tables["steps"][-1]["floor"]

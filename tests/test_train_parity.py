@@ -11,7 +11,7 @@ import torch
 from mindspore import Tensor
 
 import train_parity
-from conftest import PYTHON, run
+from conftest import NO_CURVES, PYTHON, run
 from src.data.host_stage import Normalization, host_input_stage
 from src.data.input_stage import TrainInputStage
 from src.errors import UserInputError
@@ -27,7 +27,7 @@ NET = "resnet10"  # the smallest of the family: what is compared does not depend
 SMALL = ["--config_path", "config/resnet18_cifar10.yaml", "--net_name", NET, "--device_target", "CPU",
          "--train_image_size", "32",
          "--batch_size", "8", "--num_parallel_workers", "1", "--lr_max", "0.01", "--warmup_epochs", "1",
-         "--epoch_size", "3"]
+         "--epoch_size", "3", *NO_CURVES]
 PLANTED = '''
 import torch
 
@@ -118,7 +118,7 @@ def test_the_v2_switches_train_alike_step_by_step(cifar_dir, tmp_path):
         "--random_erase", "0.5", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--use_label_smooth", "True",
         "--label_smooth_factor", "0.1", "--clip_grad_norm", "0.5", "--batch_size", "4",
         "--grad_accumulation_steps", "2", "--model_ema", "True", "--model_ema_steps", "1",
-        "--model_ema_decay", "0.9")
+        "--model_ema_decay", "0.9", "--plot_curves", "True")  # loss.png is checked below
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] and report["first_difference"] is None and report["steps"] == 3
     steps = rows(out / "steps.csv")
@@ -170,6 +170,7 @@ def test_planted_batchnorm_epsilon_and_momentum_are_found_and_named(cifar_dir, t
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] is False and report["first_bad_step"] == 1
     assert report["first_difference"] == "layer2.0.bn1"
+    assert not (out / "loss.png").exists() and (out / "steps.csv").exists()  # --plot_curves False
     differing = {r["layer"] for r in rows(out / "layers.csv") if r["status"] == "differs"}
     leaves = {name for name in differing if name.split(".")[-1].startswith(("bn", "conv"))}
     assert leaves == {"layer2.0.bn1", "layer3.0.bn2"}
