@@ -181,29 +181,28 @@ def grow(path: Path, megabytes: int) -> None:
 
 
 def test_full_disk_during_second_checkpoint_then_resume(cifar_dir, tmp_path):
-    # A resnet18 training checkpoint is ~89 MB: the first fits on 130 MB, the second does not.
-    resnet18 = ["--net_name", "resnet18"]
-    with small_disk(tmp_path / "disk", 130) as disk:
-        result = run(train_args(cifar_dir, disk, "--save_checkpoint_steps", "3", *resnet18))
+    # A resnet10 training checkpoint is 37.5 MiB: the first fits on 60 MiB, the second does not.
+    with small_disk(tmp_path / "disk", 60) as disk:
+        result = run(train_args(cifar_dir, disk, "--save_checkpoint_steps", "3"))
         assert result.returncode == 2, result.stderr[-3000:]
         line = error_line(result)
         assert result.stderr.strip().splitlines() == [line]  # nothing else: no traceback, no framework log
-        folder = disk / "resnet18" / "cifar10"
-        assert "cannot write" in line and "resnet18-1_6.ckpt" in line and "No space left" in line
+        folder = disk / RUN
+        assert "cannot write" in line and f"{NET}-1_6.ckpt" in line and "No space left" in line
         assert "free in" in result.stdout and "less than the last checkpoint" in result.stdout
-        assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "metrics.csv", "resnet18-1_3.ckpt",
+        assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "metrics.csv", f"{NET}-1_3.ckpt",
                                                              "tensorboard"]
         assert [int(r["step"]) for r in metrics(folder)] == list(range(1, 7))
-        read_checkpoint(str(folder / "resnet18-1_3.ckpt"))  # intact
+        read_checkpoint(str(folder / f"{NET}-1_3.ckpt"))  # intact
 
-        grow(disk, 400)
-        (folder / ".tmp-4242-resnet18-1_9.tmp").write_bytes(b"left by a killed run")
+        grow(disk, 200)
+        (folder / f".tmp-4242-{NET}-1_9.tmp").write_bytes(b"left by a killed run")
         (folder / "notes.txt").write_text("mine")
-        resumed = run(train_args(cifar_dir, disk, "--resume", "True", *resnet18))
+        resumed = run(train_args(cifar_dir, disk, "--resume", "True"))
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert "removed 1 temporary file(s) left by an interrupted run: .tmp-4242-resnet18-1_9.tmp" in resumed.stdout
-        assert "resumed from" in resumed.stdout and "resnet18-1_3.ckpt at global step 3" in resumed.stdout
-        assert sorted(p.name for p in folder.glob("*.ckpt")) == ["resnet18-1_12.ckpt", "resnet18-1_3.ckpt"]
+        assert f"removed 1 temporary file(s) left by an interrupted run: .tmp-4242-{NET}-1_9.tmp" in resumed.stdout
+        assert "resumed from" in resumed.stdout and f"{NET}-1_3.ckpt at global step 3" in resumed.stdout
+        assert sorted(p.name for p in folder.glob("*.ckpt")) == [f"{NET}-1_12.ckpt", f"{NET}-1_3.ckpt"]
         assert (folder / "notes.txt").read_text() == "mine"
         assert [int(r["step"]) for r in metrics(folder)] == list(range(1, 13))
 
