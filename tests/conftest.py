@@ -95,14 +95,15 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.module.__name__ if item.module else "", len(rank)))
 
 
-# The suite's work per module, written when RESNET_TESTS_WORK names a file (one JSON line per
-# module and worker; tests/work_table.py sums them into docs/testing.md's table): CPU seconds of
-# the test process and of the processes it started and waited for, wall seconds, and the runs of
-# the project's entry points started through `run` (trainings among them).
+# The suite's work per test, written when RESNET_TESTS_WORK names a file (one JSON line per test;
+# tests/work_table.py sums them per module into docs/testing.md's table, or lists the costliest):
+# CPU seconds of the test process and of the processes it started and waited for (the module
+# fixtures it set up included), wall seconds, when it started and on which xdist worker, and the
+# runs of the project's entry points started through `run` (trainings among them).
 WORK = "RESNET_TESTS_WORK"
 TRAINING_ENTRIES = ("train.py", "fine_tune.py", "train_parity.py", "run_standalone_train.sh",
                     "run_distribute_train.sh", "benchmark_learning.py")
-_work: dict = {}
+_work: dict = {}  # test id -> its record
 
 
 def _cpu_seconds() -> float:
@@ -110,14 +111,16 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _module_work(module: str) -> dict:
-    return _work.setdefault(module, {"tests": 0, "cpu_s": 0.0, "wall_s": 0.0, "runs": 0, "trainings": 0})
+def _test_work(test: str) -> dict:
+    return _work.setdefault(test, {"module": Path(test.split("::")[0]).stem, "test": test, "tests": 1,
+                                   "cpu_s": 0.0, "wall_s": 0.0, "start": 0.0, "runs": 0, "trainings": 0,
+                                   "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
 
 
 def _count_run(args: List[str]) -> None:
-    test = os.environ.get("PYTEST_CURRENT_TEST", "")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "")  # "<test id> (<phase>)"
     if test:
-        work = _module_work(Path(test.split("::")[0]).stem)
+        work = _test_work(test.rsplit(" (", 1)[0])
         work["runs"] += 1
         work["trainings"] += any(str(arg).endswith(TRAINING_ENTRIES) for arg in args)
 
@@ -127,10 +130,8 @@ def pytest_runtest_protocol(item, nextitem):
     """Setup, call and teardown of each test (module fixtures it starts included), measured."""
     start_cpu, start_wall = _cpu_seconds(), time.time()
     yield
-    work = _module_work(item.module.__name__ if item.module else "?")
-    work["tests"] += 1
-    work["cpu_s"] += _cpu_seconds() - start_cpu
-    work["wall_s"] += time.time() - start_wall
+    work = _test_work(item.nodeid)
+    work.update(cpu_s=_cpu_seconds() - start_cpu, wall_s=time.time() - start_wall, start=start_wall)
 
 
 def pytest_sessionfinish(session):
@@ -138,8 +139,8 @@ def pytest_sessionfinish(session):
     if path and _work:
         with open(path, "a", encoding="utf-8") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
-            for module, work in sorted(_work.items()):
-                handle.write(json.dumps({"module": module, **work}) + "\n")
+            for work in _work.values():
+                handle.write(json.dumps(work) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,13 @@ RESNET_TESTS_WORK names a file, as a Markdown table (docs/testing.md):
 
     RESNET_TESTS_WORK=/tmp/work.jsonl bash scripts/run_tests.sh && python tests/work_table.py /tmp/work.jsonl
 
-Given two files (a run before a change and one after), it prints both side by side.
+Given two files (a run before a change and one after), it prints both side by side; with
+--tests N, the N tests that cost the most CPU time instead (files written since per-test records).
 """
+import argparse
 import json
-import sys
 from collections import defaultdict
+from typing import List
 
 KEYS = ("tests", "cpu_s", "wall_s", "runs", "trainings")
 
@@ -50,5 +52,22 @@ def comparison(before_path: str, after_path: str) -> str:
     return "\n".join(lines)
 
 
+def costliest(path: str, count: int) -> str:
+    """The `count` tests that cost the most CPU seconds (their module fixtures included)."""
+    with open(path, encoding="utf-8") as handle:
+        records: List[dict] = [json.loads(line) for line in handle]
+    tests = sorted((r for r in records if "test" in r), key=lambda r: -r["cpu_s"])[:count]
+    lines = ["| test | CPU s | wall s | entry-point runs |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['test']} | {r['cpu_s']:.1f} | {r['wall_s']:.1f} | {r['runs']} |" for r in tests]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(comparison(*sys.argv[1:3]) if len(sys.argv) > 2 else table(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", help="one record file, or two: before and after")
+    parser.add_argument("--tests", type=int, default=0, help="list the N costliest tests of the last file")
+    args = parser.parse_args()
+    if args.tests:
+        print(costliest(args.files[-1], args.tests))
+    else:
+        print(comparison(*args.files[:2]) if len(args.files) > 1 else table(args.files[0]))
