@@ -3,6 +3,7 @@ named, the non-finite finder, bad input; and the pieces both sides share."""
 import csv
 import json
 from pathlib import Path
+from typing import List, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -101,10 +102,14 @@ def rows(path: Path) -> list:
         return list(csv.DictReader(handle))
 
 
-def planted_env(tmp_path: Path) -> dict:
+def planted(tmp_path: Path, model: str) -> Tuple[List[str], dict]:
+    """The arguments and environment that run train_parity.py against a model of PLANTED, in
+    PYNATIVE mode: these tests check the finder's verdict, which does not depend on the mode, and
+    their one or two steps cost less than a graph compile (the runs that agree check GRAPH mode)."""
     (tmp_path / "planted.py").write_text(PLANTED)
     import os
-    return dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{Path(__file__).resolve().parents[1]}")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{Path(__file__).resolve().parents[1]}")
+    return ["--torch_model", f"planted:{model}", "--pynative"], env
 
 
 def test_the_v2_switches_train_alike_step_by_step(cifar_dir, tmp_path):
@@ -165,8 +170,8 @@ def test_adamw_on_dumped_batches_in_pynative_mode_compares_every_layer(cifar_dir
 
 def test_planted_batchnorm_epsilon_and_momentum_are_found_and_named(cifar_dir, tmp_path):
     out = tmp_path / "out"
-    result, report = parity(cifar_dir, out, "--steps", "1", "--torch_model", "planted:resnet10_planted",
-                            env=planted_env(tmp_path))
+    args, env = planted(tmp_path, "resnet10_planted")
+    result, report = parity(cifar_dir, out, "--steps", "1", *args, env=env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] is False and report["first_bad_step"] == 1
     assert report["first_difference"] == "layer2.0.bn1"
@@ -181,8 +186,8 @@ def test_planted_batchnorm_epsilon_and_momentum_are_found_and_named(cifar_dir, t
 def test_a_difference_only_in_the_final_weights_fails_and_is_named(cifar_dir, tmp_path):
     """Every loss and step-1 tensor agree; only fc.bias after step 2 does not: the verdict must say FAIL."""
     out = tmp_path / "out"
-    result, report = parity(cifar_dir, out, "--steps", "2", "--torch_model", "planted:resnet10_late_bias",
-                            env=planted_env(tmp_path))
+    args, env = planted(tmp_path, "resnet10_late_bias")
+    result, report = parity(cifar_dir, out, "--steps", "2", *args, env=env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] is False and report["first_bad_step"] is None
     assert report["tensors_beyond"] == ["after step 2: fc.bias"]
@@ -193,8 +198,8 @@ def test_a_difference_only_in_the_final_weights_fails_and_is_named(cifar_dir, tm
 
 def test_a_kernel_gradient_wrong_only_in_the_weights_is_named_by_the_layer_finder(cifar_dir, tmp_path):
     out = tmp_path / "out"
-    result, report = parity(cifar_dir, out, "--steps", "1", "--torch_model",
-                            "planted:resnet10_transposed_kernel_gradient", env=planted_env(tmp_path))
+    args, env = planted(tmp_path, "resnet10_transposed_kernel_gradient")
+    result, report = parity(cifar_dir, out, "--steps", "1", *args, env=env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["first_bad_step"] == 1 and report["first_difference"] == "layer2.0.conv2"
     layer = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer2.0.conv2")
@@ -206,8 +211,9 @@ def test_a_kernel_gradient_wrong_only_in_the_weights_is_named_by_the_layer_finde
 
 def test_a_planted_convolution_padding_in_resnext_is_found(cifar_dir, tmp_path):
     out = tmp_path / "out"
-    result, report = parity(cifar_dir, out, "--steps", "1", "--arch", "resnext50_32x4d", "--batch_size", "4",
-                            "--torch_model", "planted:resnext_reflect", env=planted_env(tmp_path))
+    args, env = planted(tmp_path, "resnext_reflect")
+    result, report = parity(cifar_dir, out, "--steps", "1", "--arch", "resnext50_32x4d", "--batch_size", "4", *args,
+                            env=env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["first_difference"] == "layer2.0.conv2"
 

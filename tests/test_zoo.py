@@ -277,7 +277,7 @@ def test_recipe_config_with_8_workers_runs_on_2_cores(cifar_dir, tmp_path):
         pytest.skip("needs 2 cores")
     result = run(["taskset", "-c", ",".join(map(str, sorted(os.sched_getaffinity(0))[:2])), PYTHON, "train.py",
                   "--config_path", "config/resnet50_imagenet2012.yaml", "--data_path", str(cifar_dir),
-                  "--dataset", "cifar10", "--output_dir", str(tmp_path), "--net_name", "resnet18", "--class_num", "10",
+                  "--dataset", "cifar10", "--output_dir", str(tmp_path), "--net_name", "resnet10", "--class_num", "10",
                   "--batch_size", "64",
                   "--train_image_size", "32", "--eval_image_size", "32", "--epoch_size", "1", "--warmup_epochs", "0",
                   "--loss_scale_type", "none"] + FAST)
