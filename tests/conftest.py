@@ -16,8 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-# curves.png costs about a second of matplotlib per training: the tests that do not look at it
-# train without it (tests/test_resume.py checks it and its absence).
+# curves.png (and train_parity.py's loss.png) cost about a second of matplotlib a run: the tests
+# that do not look at them run without (test_resume and test_train_parity check both ways).
 NO_CURVES = ["--plot_curves", "False"]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GLOG_v", "3")
