@@ -18,7 +18,7 @@ import numpy as np
 from mindspore.train import Model
 
 from src.config import Config, load_config, read_yaml, run_dir, save_config
-from src.cpu_convolution import all_finite_op, choose_convolutions, uses_onednn
+from src.cpu_convolution import all_finite_op, choose_convolutions, unscale_all_finite_op, uses_onednn
 from src.cpu_convolution import set_threads as set_convolution_threads
 from src.data.bad_samples import bad_sample_limit, raise_if_too_many, scan_unreadable
 from src.data.host_stage import host_input_stage
@@ -347,7 +347,8 @@ def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSch
                      scale_update=loss_scale_manager.get_update_cell() if loss_scale_manager else None,
                      accumulation_steps=cfg.grad_accumulation_steps, micro_batch=cfg.batch_size,
                      clip_grad_norm=cfg.clip_grad_norm, ema=ema,
-                     all_finite=all_finite_op() if uses_onednn(net) else None)
+                     all_finite=all_finite_op() if uses_onednn(net) else None,
+                     unscale_all_finite=unscale_all_finite_op() if uses_onednn(net) else None)
 
 
 def check_boost_mode(boost_mode: str) -> str:

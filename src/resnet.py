@@ -83,6 +83,10 @@ def batch_norm(channels: int, eps: float = 1e-5) -> nn.BatchNorm2d:
 class BasicBlock(nn.Cell):
     """Two 3x3 convolutions (ResNet18/34)."""
     expansion = 1
+    # What follows each BatchNorm, for kernels that compute it in the same pass
+    # (src.cpu_convolution.use_onednn_layers); it sets `norms_activate` when they do.
+    norm_activations = {"bn1": "relu", "bn2": "add_relu"}
+    norms_activate = False
 
     def __init__(self, in_channels: int, channels: int, stride: int = 1,
                  downsample: Optional[nn.Cell] = None, groups: int = 1, width_per_group: int = 64):
@@ -102,6 +106,8 @@ class BasicBlock(nn.Cell):
 
     def construct(self, x):
         identity = x if self.downsample is None else self.downsample(x)
+        if self.norms_activate:
+            return self.bn2(self.conv2(self.bn1(self.conv1(x))), identity)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return self.relu(out + identity)
@@ -113,6 +119,8 @@ class Bottleneck(nn.Cell):
     The 3x3 convolution has `groups` groups of `width_per_group` channels per 64 of `channels`:
     1 x 64 is ResNet, 32 x 4 ResNeXt50_32x4d, 1 x 128 Wide ResNet50_2 (as torchvision computes it)."""
     expansion = 4
+    norm_activations = {"bn1": "relu", "bn2": "relu", "bn3": "add_relu"}  # as BasicBlock's
+    norms_activate = False
 
     def __init__(self, in_channels: int, channels: int, stride: int = 1,
                  downsample: Optional[nn.Cell] = None, groups: int = 1, width_per_group: int = 64):
@@ -134,6 +142,9 @@ class Bottleneck(nn.Cell):
 
     def construct(self, x):
         identity = x if self.downsample is None else self.downsample(x)
+        if self.norms_activate:
+            out = self.bn2(self.conv2(self.bn1(self.conv1(x))))
+            return self.bn3(self.conv3(out), identity)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
@@ -169,6 +180,8 @@ class Classifier(nn.Cell):
 
 class ResNet(Classifier):
     """conv1/bn1/relu/maxpool stem, layer1..4, global average pool, fc."""
+    norm_activations = {"bn1": "relu"}  # as BasicBlock's
+    norms_activate = False
 
     def __init__(self, block: Block, layers: List[int], num_classes: int = 1000, groups: int = 1,
                  width_per_group: int = 64):
@@ -204,7 +217,8 @@ class ResNet(Classifier):
 
     def forward_features(self, x):
         """The stem and the four stages, before pooling."""
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.bn1(self.conv1(x)) if self.norms_activate else self.relu(self.bn1(self.conv1(x)))
+        x = self.maxpool(x)
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
 
@@ -234,6 +248,8 @@ class SEBottleneck(nn.Cell):
     With `squeeze_excite` the block rescales its channels (global average pool, se_dense_0 to a
     quarter of the channels, ReLU, se_dense_1, sigmoid) before the residual addition."""
     expansion = 4
+    norm_activations = {"bn1": "relu", "bn2": "relu", "bn3": "add_relu"}  # as BasicBlock's
+    norms_activate = False
 
     def __init__(self, in_channels: int, channels: int, stride: int = 1, squeeze_excite: bool = False):
         super().__init__()

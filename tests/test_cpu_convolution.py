@@ -18,13 +18,14 @@ from src.cpu_convolution import (
     cpu_has_amx_bf16,
     library,
     unavailable_reason,
+    unscale_all_finite_op,
     use_onednn_convolutions,
     use_onednn_layers,
 )
 from src.cpu_convolution.cells import OneDnnBatchNorm2d, OneDnnMaxPool
 from src.data.sample_data import write_sample_data
 from src.errors import UserInputError
-from src.resnet import create_model
+from src.resnet import Bottleneck, ResNet, create_model, freeze_batch_norm
 
 needs_library = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 # Every kind of convolution the family has: 1x1, 3x3, the 7x7/2 stem, strided 1x1 and 3x3, grouped
@@ -119,31 +120,58 @@ def training_step_values(net, images, labels):
     return float(value.asnumpy()), gradients, statistics
 
 
+def small_network(arch: str, freeze_bn: bool, convolutions: str) -> nn.Cell:
+    """resnet18, or 'bottleneck': the Bottleneck family's shape with one block per stage."""
+    if arch == "resnet18":
+        return create_model(arch, num_classes=10, freeze_bn=freeze_bn, convolutions=convolutions)
+    net = ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10)
+    if freeze_bn:
+        freeze_batch_norm(net)
+    if convolutions != "mindspore":
+        use_onednn_layers(net)
+    return net
+
+
 @needs_library
-@pytest.mark.parametrize("freeze_bn", [False, True], ids=["batch-statistics", "frozen-batchnorm"])
-def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(freeze_bn):
-    """Convolutions, BatchNorm and the stem's max pool in oneDNN's blocked layout: the loss, every
-    gradient, the moving statistics and the evaluation outputs equal MindSpore's as closely as our
-    NCHW convolutions alone do (two float32 computations of the same network; a defect is orders of
-    magnitude off). train_parity.py checks the same against PyTorch's float64 (test_train_parity.py)."""
+@pytest.mark.parametrize("arch, mode, freeze_bn", [("resnet18", "PYNATIVE", False), ("resnet18", "PYNATIVE", True),
+                                                   ("bottleneck", "GRAPH", False)],
+                         ids=["batch-statistics", "frozen-batchnorm", "bottleneck-graph"])
+def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(arch, mode, freeze_bn):
+    """Convolutions, BatchNorm (with the ReLU and residual addition after it) and the stem's max
+    pool in oneDNN's blocked layout: the loss, every gradient, the moving statistics and the
+    evaluation outputs equal MindSpore's as closely as our NCHW convolutions alone do (two float32
+    computations of the same network; a defect is orders of magnitude off), in both modes (GRAPH
+    once compiled BatchNorm ops of another activation as the first one it met).
+    train_parity.py checks the same against PyTorch's float64 (test_train_parity.py)."""
     ms.set_seed(5)
-    networks = [create_model("resnet18", num_classes=10, freeze_bn=freeze_bn, convolutions=kind)
-                for kind in ("mindspore", "mindspore", "onednn")]
+    networks = [small_network(arch, freeze_bn, kind) for kind in ("mindspore", "mindspore", "onednn")]
     reference, nchw, blocked = networks
     use_onednn_convolutions(nchw)
     assert isinstance(blocked.maxpool, OneDnnMaxPool) and isinstance(blocked.bn1, OneDnnBatchNorm2d)
+    blocks = [cell for _, cell in blocked.cells_and_names() if hasattr(cell, "norm_activations")]
+    assert len(blocks) > 4 and all(cell.norms_activate for cell in blocks)  # the stem and every block
     assert [p.name for p in blocked.get_parameters()] == [p.name for p in reference.get_parameters()]
     rng = np.random.default_rng(3)
     state = {p.name: p.asnumpy().copy() for p in reference.get_parameters()}
-    for name in state:  # moving statistics away from 0 and 1, so that a wrong update shows
-        if "moving" in name:
+    for name in state:  # statistics away from 0 and 1, shifts away from 0, so that a wrong update or ReLU shows
+        if "moving" in name or "gamma" in name:
             state[name] = rng.uniform(0.5, 1.5, state[name].shape).astype(np.float32)
+        elif "beta" in name:
+            state[name] = rng.uniform(-0.5, 0.5, state[name].shape).astype(np.float32)
     for net in networks:
         ms.load_param_into_net(net, {name: ms.Parameter(Tensor(value), name=name) for name, value in state.items()})
     images = Tensor(rng.standard_normal((8, 3, 64, 64)).astype(np.float32))
     labels = Tensor(rng.integers(0, 10, 8).astype(np.int32))
-    (loss_reference, grads_reference, stats_reference), (_, grads_nchw, stats_nchw), \
-        (loss_blocked, grads_blocked, stats_blocked) = (training_step_values(net, images, labels) for net in networks)
+    ms.set_context(mode=getattr(ms, f"{mode}_MODE"))
+    try:
+        results = [training_step_values(net, images, labels) for net in networks]
+        (loss_reference, grads_reference, stats_reference), (_, grads_nchw, stats_nchw), \
+            (loss_blocked, grads_blocked, stats_blocked) = results
+        reference.set_train(False)
+        blocked.set_train(False)
+        evaluated = relative(blocked(images).asnumpy(), reference(images).asnumpy())
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
     assert abs(loss_blocked - loss_reference) < 1e-5 * abs(loss_reference)
     assert grads_blocked.keys() == grads_reference.keys()
     for name, gradient in grads_reference.items():
@@ -154,9 +182,7 @@ def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(freeze_bn):
         assert relative(stats_blocked[name], values) < 30 * floor, name
     moved = [name for name in stats_reference if not np.allclose(stats_blocked[name], state[name])]
     assert len(moved) == (0 if freeze_bn else len(stats_reference))
-    reference.set_train(False)
-    blocked.set_train(False)
-    assert relative(blocked(images).asnumpy(), reference(images).asnumpy()) < 1e-5
+    assert evaluated < 1e-5
 
 
 @needs_library
@@ -178,6 +204,23 @@ def test_all_finite_checks_every_element_of_every_tensor(bad):
     tensors[1][:] = 0
     tensors[2][-1, -1, -1, -1] = np.float32(3e38)  # finite, however large
     assert all_finite_op()(*[Tensor(t) for t in tensors]).asnumpy().tolist() == [1.0]
+
+
+@needs_library
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf, "overflow"])
+def test_unscaling_multiplies_every_gradient_as_numpy_and_checks_the_products(bad):
+    rng = np.random.default_rng(5)
+    tensors = [rng.standard_normal(shape).astype(np.float32) * 1024 for shape in ((3,), (200_000,), (64, 3, 7, 7))]
+    factor = np.float32(1 / 1024) if bad != "overflow" else np.float32(4.0)
+    if bad == "overflow":
+        tensors[2][0, 0, 0, 0] = np.float32(3e38)  # finite, but not once multiplied
+    elif bad is not None:
+        tensors[1][123_457] = bad  # in the multi-threaded pass of a large tensor
+    *products, finite = unscale_all_finite_op()(Tensor(np.array([factor])), *[Tensor(t) for t in tensors])
+    assert finite.asnumpy().tolist() == [1.0 if bad is None else 0.0]
+    with np.errstate(over="ignore"):
+        for product, tensor in zip(products, tensors):
+            np.testing.assert_array_equal(product.asnumpy(), tensor * factor)
 
 
 def test_the_choice_follows_the_config_the_device_and_the_library(monkeypatch, tmp_path):

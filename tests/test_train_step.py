@@ -10,7 +10,7 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 
 from conftest import PYTHON, REPO, run
-from src.cpu_convolution import all_finite_op, unavailable_reason, use_onednn_layers
+from src.cpu_convolution import all_finite_op, unavailable_reason, unscale_all_finite_op, use_onednn_layers
 from src.loss import create_loss
 from src.resnet import create_model
 from src.training.callbacks import TrainMonitor
@@ -162,7 +162,7 @@ def test_overflow_skips_the_update_and_leaves_nothing_behind(initial, layers, fr
     """Dynamic loss scale: a batch with an inf gives non-finite gradients; the step must leave the
     weights, the optimizer state and the EMA as they were, halve the scale, and leave no partial
     accumulation: the run then continues exactly like a run that never saw that batch. With our
-    CPU layers (blocked) the check is one AllFinite op over every gradient; with batch statistics
+    CPU layers (blocked) the unscaling and the check are one op over every gradient; with batch statistics
     their kernel moves the BatchNorm statistics in place, and the skipped step puts them back."""
     if layers == "onednn" and unavailable_reason():
         pytest.skip(unavailable_reason())
@@ -177,7 +177,7 @@ def test_overflow_skips_the_update_and_leaves_nothing_behind(initial, layers, fr
         checks = {}
         if layers == "onednn":
             use_onednn_layers(net)
-            checks = {"all_finite": all_finite_op()}
+            checks = {"all_finite": all_finite_op(), "unscale_all_finite": unscale_all_finite_op()}
         update = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 10, scale_factor=2, scale_window=1000)
         step = train_step(net, accumulation_steps=2, micro_batch=4, ema=schedule, loss_scale=2.0 ** 10,
                           scale_update=update, **checks)

@@ -10,7 +10,13 @@ from typing import Optional, Set, Tuple
 
 from mindspore import nn
 
-from src.cpu_convolution.cells import OneDnnConv2d, all_finite_op, use_onednn_convolutions, use_onednn_layers
+from src.cpu_convolution.cells import (
+    OneDnnConv2d,
+    all_finite_op,
+    unscale_all_finite_op,
+    use_onednn_convolutions,
+    use_onednn_layers,
+)
 from src.cpu_convolution.library import set_threads, unavailable_reason
 from src.errors import UserInputError
 
@@ -19,7 +25,8 @@ CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")
 IMPLEMENTATIONS = ("mindspore", "onednn", "onednn-bf16")
 
 __all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "all_finite_op", "choose_convolutions", "cpu_flags",
-           "cpu_has_amx_bf16", "set_threads", "unavailable_reason", "use_onednn_convolutions", "use_onednn_layers",
+           "cpu_has_amx_bf16", "set_threads", "unavailable_reason", "unscale_all_finite_op", "use_onednn_convolutions",
+           "use_onednn_layers",
            "uses_onednn"]
 
 

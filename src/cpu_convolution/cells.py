@@ -133,15 +133,43 @@ def all_finite_op() -> ops.Custom:
     return _aot("AllFinite", _one_value, _float32)
 
 
+def _unscaled_shapes(factor, *gradients):
+    return (*gradients, [1])
+
+
+def _unscaled_dtypes(factor, *gradients):
+    return (*gradients, mstype.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def unscale_all_finite_op() -> ops.Custom:
+    """(factor [1], *gradients) -> (*gradients x factor, [1]: 1 when every product is finite, else
+    0): the loss scale divided out of the (float32) gradients and their check in one pass."""
+    return _aot("UnscaleAllFinite", _unscaled_shapes, _unscaled_dtypes)
+
+
 # ---------------------------------------------------------------------------------------------
 # Blocked layout between the layers of a ResNet.
 
-def _norm_forward_shape(x, gamma, beta, mean, variance, params):
-    return x, gamma, gamma
+# onednn_conv.cpp's NormParams.activation: what the BatchNorm kernel applies after normalizing.
+ACTIVATIONS = {"none": 0.0, "relu": 1.0, "add_relu": 2.0}
 
 
-def _norm_backward_shape(x, dy, mean, variance, gamma, params):
-    return x, gamma, gamma
+def _norm_forward_shape(x, gamma, beta, mean, variance, params, residual):
+    # The workspace: a byte per element, at least what oneDNN needs (a bit per element; checked there).
+    return x, gamma, gamma, [int(np.prod(x))]
+
+
+def _norm_forward_dtypes(*dtypes):
+    return dtypes[0], dtypes[0], dtypes[0], mstype.uint8
+
+
+def _norm_backward_shape(x, dy, mean, variance, gamma, params, workspace, y, residual):
+    return x, gamma, gamma, residual
+
+
+def _four_dtypes(*dtypes):
+    return dtypes[0], dtypes[0], dtypes[0], dtypes[0]
 
 
 class _MovingStatisticsWritten(ops.Custom):
@@ -150,7 +178,8 @@ class _MovingStatisticsWritten(ops.Custom):
     Assigns per BatchNorm, whose ordering made compiling a ResNet18 step 1.2 s longer."""
     __mindspore_signature__ = (sig.make_sig("x"), sig.make_sig("gamma"), sig.make_sig("beta"),
                                sig.make_sig("mean", sig.sig_rw.RW_WRITE),
-                               sig.make_sig("variance", sig.sig_rw.RW_WRITE), sig.make_sig("params"))
+                               sig.make_sig("variance", sig.sig_rw.RW_WRITE), sig.make_sig("params"),
+                               sig.make_sig("residual"))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -159,46 +188,62 @@ class _MovingStatisticsWritten(ops.Custom):
 
 @functools.lru_cache(maxsize=None)
 def batch_norm_ops(global_stats: bool) -> ops.Custom:
-    """Batch normalization of blocked tensors: (y, batch mean, biased batch variance) from (x,
-    gamma, beta, moving mean, moving variance, params). With `global_stats` it normalizes with the
-    moving statistics (inference, frozen BatchNorm) and its statistics outputs are not written;
-    without, it moves the moving statistics in place by the params' momentum."""
-    backward = _aot("NormBackward", _norm_backward_shape, _three_dtypes)
+    """Batch normalization of blocked tensors: (y, batch mean, biased batch variance, workspace)
+    from (x, gamma, beta, moving mean, moving variance, params, residual). With `global_stats` it
+    normalizes with the moving statistics (inference, frozen BatchNorm) and its statistics outputs
+    are not written; without, it moves the moving statistics in place by the params' momentum.
+    The params' activation (ACTIVATIONS) says what follows in the same kernel: 'relu', or
+    'add_relu' (adding the residual first, as a ResNet block ends).
 
-    def bprop(x, gamma, beta, mean, variance, params, out, dout):
+    One op for every activation, not one each: GRAPH mode compiled every op of this class in a
+    graph as the first one it met (ops of two lengths failed to compile; of one length, the others'
+    calls would run the first's). So every call passes a residual (a small stand-in without one),
+    and the backward takes everything any activation needs."""
+    backward = _aot("NormBackward", _norm_backward_shape, _four_dtypes)
+
+    def bprop(x, gamma, beta, mean, variance, params, residual, out, dout):
         used_mean, used_variance = (mean, variance) if global_stats else (out[1], out[2])
-        dx, dgamma, dbeta = backward(x, dout[0], used_mean, used_variance, gamma, params)
-        return dx, dgamma, dbeta, ops.zeros_like(mean), ops.zeros_like(variance), ops.zeros_like(params)
+        dx, dgamma, dbeta, dresidual = backward(x, dout[0], used_mean, used_variance, gamma, params, out[3], out[0],
+                                                residual)
+        return (dx, dgamma, dbeta, ops.zeros_like(mean), ops.zeros_like(variance), ops.zeros_like(params),
+                dresidual)
 
     if global_stats:
-        return _aot("NormForward", _norm_forward_shape, _three_dtypes, bprop)
-    return _MovingStatisticsWritten(f"{LIBRARY}:NormForward", out_shape=_norm_forward_shape, out_dtype=_three_dtypes,
-                                    func_type="aot", bprop=bprop)
+        return _aot("NormForward", _norm_forward_shape, _norm_forward_dtypes, bprop)
+    return _MovingStatisticsWritten(f"{LIBRARY}:NormForward", out_shape=_norm_forward_shape,
+                                    out_dtype=_norm_forward_dtypes, func_type="aot", bprop=bprop)
 
 
 class OneDnnBatchNorm2d(nn.BatchNorm2d):
-    """A BatchNorm2d on blocked tensors. The moving statistics move as MindSpore's BatchNorm moves
-    them, in the kernel: weight `momentum` (this cell's 1 - its constructor's) on the batch's mean
-    and unbiased variance."""
+    """A BatchNorm2d on blocked tensors, with what follows it in its block computed in the same
+    kernel (`onednn_activation`: 'relu', or 'add_relu' for construct(x, residual)). The moving
+    statistics move as MindSpore's BatchNorm moves them, in the kernel: weight `momentum` (this
+    cell's 1 - its constructor's) on the batch's mean and unbiased variance."""
 
-    def construct(self, x):
+    def construct(self, x, residual=None):
+        # Each op call is written out with its arguments: GRAPH mode keeps a Custom op's bprop only
+        # when the op is called by name. Without a residual the (small) params stand in for it.
         dtype = x.dtype
         x = ops.cast(x, mstype.float32)
         use_batch = self.training if self.use_batch_statistics is None else self.use_batch_statistics
-        if not use_batch:
+        if use_batch:
+            extra = self.onednn_batch_params if residual is None else ops.cast(residual, mstype.float32)
+            y = self.onednn_batch(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
+                                  self.onednn_batch_params, extra)[0]
+        else:
+            extra = self.onednn_global_params if residual is None else ops.cast(residual, mstype.float32)
             y = self.onednn_global(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
-                                   self.onednn_global_params)[0]
-            return ops.cast(y, dtype)
-        y = self.onednn_batch(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
-                              self.onednn_batch_params)[0]
+                                   self.onednn_global_params, extra)[0]
         return ops.cast(y, dtype)
 
 
-def _swap_batch_norm(cell: nn.BatchNorm2d) -> None:
+def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none") -> None:
     cell.onednn_batch, cell.onednn_global = batch_norm_ops(False), batch_norm_ops(True)
-    # onednn_conv.cpp's NormParams: epsilon, global_stats, momentum (0: the statistics stay)
-    cell.onednn_batch_params = Tensor(np.array([cell.eps, 0.0, cell.momentum], np.float32))
-    cell.onednn_global_params = Tensor(np.array([cell.eps, 1.0, 0.0], np.float32))
+    # onednn_conv.cpp's NormParams: epsilon, global_stats, momentum (0: the statistics stay), activation
+    code = ACTIVATIONS[activation]
+    cell.onednn_batch_params = Tensor(np.array([cell.eps, 0.0, cell.momentum, code], np.float32))
+    cell.onednn_global_params = Tensor(np.array([cell.eps, 1.0, 0.0, code], np.float32))
+    cell.onednn_activation = activation
     cell.__class__ = OneDnnBatchNorm2d
 
 
@@ -262,6 +307,18 @@ def _blockable(net: nn.Cell) -> bool:
             and all(n.num_features % BLOCK == 0 for n in norms))
 
 
+def _hand_activations_to_norms(cell: nn.Cell) -> None:
+    """A block (or stem) whose `norm_activations` name BatchNorms now running here: those compute
+    the ReLU (and residual addition) that follows them, and the block's `norms_activate` says so.
+    Saves MindSpore's element-wise passes over the tensor, forward and backward."""
+    activations = getattr(cell, "norm_activations", None)
+    if not activations or not all(isinstance(getattr(cell, name, None), OneDnnBatchNorm2d) for name in activations):
+        return
+    for name, activation in activations.items():
+        _swap_batch_norm(getattr(cell, name), activation)
+    cell.norms_activate = True
+
+
 def use_onednn_layers(net: nn.Cell, *, bf16: bool = False) -> str:
     """ResNet's layers in blocked layout (see the module's docstring) where the network allows it,
     else `use_onednn_convolutions`; returns which: 'blocked' or 'convolutions'."""
@@ -276,6 +333,8 @@ def use_onednn_layers(net: nn.Cell, *, bf16: bool = False) -> str:
             stem = False
         elif type(cell) is nn.BatchNorm2d:
             _swap_batch_norm(cell)
+    for _, cell in net.cells_and_names():
+        _hand_activations_to_norms(cell)
     pool = net.maxpool
     kernel, stride = (value if isinstance(value, int) else value[-1] for value in (pool[1].kernel_size, pool[1].stride))
     pool.onednn, pool.onednn_params = max_pool_ops(kernel, stride, 1), Tensor(np.array([kernel, stride, 1], np.int32))

@@ -146,11 +146,14 @@ class TrainStep(nn.Cell):
                  input_stage: Optional[nn.Cell] = None, loss_scale: float = 1.0,
                  scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1, micro_batch: int = 0,
                  clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None,
-                 all_finite: Optional[nn.Cell] = None):
+                 all_finite: Optional[nn.Cell] = None, unscale_all_finite: Optional[nn.Cell] = None):
         super().__init__(auto_prefix=False)
         self.input_stage = input_stage or ReadyInput()
-        # One op over every gradient (1 when all are finite), or None: a check per gradient.
+        # One op over every gradient (1 when all are finite), or None: a check per gradient; and
+        # one that also divides the loss scale out of them (factor, *grads -> *grads, finite), or
+        # None: a multiplication per gradient, then the check.
         self.all_finite = all_finite
+        self.unscale_all_finite = unscale_all_finite
         self.network = net_with_loss
         self.network.set_grad()
         self.optimizer = optimizer
@@ -243,12 +246,16 @@ class TrainStep(nn.Cell):
         loss, grads = self.gradients(images, labels, scale)
         if self.reduce:
             grads = self.reducer(grads)  # once per optimizer step, also with accumulation
-        if self.unscale:
-            grads = self.hyper_map(ops.partial(_scale, 1 / scale), grads)
-        if self.all_finite is None:
-            overflow = ops.logical_not(ops.stack(self.hyper_map(_finite, grads)).all())
+        if self.unscale and self.unscale_all_finite is not None:
+            unscaled = self.unscale_all_finite(ops.reshape(1 / scale, (1,)), *grads)
+            grads, overflow = unscaled[:-1], unscaled[-1][0] < 0.5
         else:
-            overflow = self.all_finite(*grads)[0] < 0.5
+            if self.unscale:
+                grads = self.hyper_map(ops.partial(_scale, 1 / scale), grads)
+            if self.all_finite is None:
+                overflow = ops.logical_not(ops.stack(self.hyper_map(_finite, grads)).all())
+            else:
+                overflow = self.all_finite(*grads)[0] < 0.5
         if self.dynamic:
             overflow = self.scale_update(self.scale_sense, overflow)
         norm = Tensor(0.0, ms.float32)
