@@ -41,6 +41,7 @@ import numpy as np
 
 from src.data.host_stage import host_normalize, normalization_of
 from src.errors import OneLineParser, UserInputError, run_cli
+from src.openmp import set_openmp_environment
 
 IMAGENET = normalization_of("imagenet2012")  # the benchmark's networks take ImageNet-normalized input
 PRESETS = {"targets": [("resnet50", 8, 224), ("resnet18", 64, 32)]}
@@ -718,6 +719,7 @@ def serve(args: argparse.Namespace) -> int:
 def mindspore_runner(args: argparse.Namespace) -> MindSporeRunner:
     """The device set up as train.py sets it for the worker's cpu_convolution and amp_level, and the
     runner; a path that cannot run here (our layers not built) is an error line."""
+    set_openmp_environment()  # before the first import of MindSpore, in its workers alone (PyTorch keeps its default)
     from src.cpu_convolution import choose_convolutions, set_threads
     from src.device import init_device
     cpu_convolution, amp_level = MINDSPORE_WORKERS[args.worker]

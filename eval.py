@@ -18,6 +18,10 @@ the five most confused pairs after it; --save_predictions True adds predictions.
 Under a launcher (--run_distribute True), each rank evaluates its share of the samples and every
 rank reports the totals of the whole split.
 """
+from src.openmp import set_openmp_environment
+
+set_openmp_environment()  # before MindSpore is imported (it loads OpenMP, which reads it once)
+
 import json
 import os
 from typing import Callable, Optional, Sequence

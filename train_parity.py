@@ -22,6 +22,10 @@ the first that differs is named. Files in --output_dir: steps.csv, gradients.csv
 layers.csv, loss.png (not with plot_curves False), final.ckpt, final.pth. The last stdout line is
 one JSON object; exit 0 within tolerance, 1 not, 2 for bad input.
 """
+from src.openmp import set_openmp_environment
+
+set_openmp_environment()  # before MindSpore is imported (it loads OpenMP, which reads it once)
+
 import argparse
 import copy
 import csv

@@ -1,6 +1,7 @@
 """CPU convolutions: this repository's oneDNN kernels (src/cpu_convolution) equal MindSpore's, are
 chosen as the config says, build or say why not; MindSpore's own never fall into oneDNN's reference
 kernel (src/device.py)."""
+import ast
 import os
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from src.cpu_convolution import (
 from src.cpu_convolution.cells import OneDnnBatchNorm2d, OneDnnMaxPool
 from src.data.sample_data import write_sample_data
 from src.errors import UserInputError
+from src.openmp import SPIN_COUNT, set_openmp_environment
 from src.resnet import Bottleneck, ResNet, create_model, freeze_batch_norm
 
 needs_library = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
@@ -331,3 +333,33 @@ def test_omp_num_threads_sets_the_cpu_kernel_threads(monkeypatch, value, threads
     from src.device import threads_from_environment
     monkeypatch.setenv("OMP_NUM_THREADS", value)
     assert threads_from_environment() == threads
+
+
+@pytest.mark.parametrize("entry_point", ["train.py", "eval.py", "train_parity.py"])
+def test_entry_points_set_openmp_before_anything_imports_mindspore(entry_point):
+    """GNU OpenMP reads GOMP_SPINCOUNT once, when `import mindspore` loads it: the call must come
+    before every other import of the entry point (src/openmp.py)."""
+    tree = ast.parse((REPO / entry_point).read_text())
+    body = tree.body[1:] if isinstance(tree.body[0], ast.Expr) else tree.body  # after the docstring
+    first_import, first_call = body[0], body[1]
+    assert isinstance(first_import, ast.ImportFrom) and first_import.module == "src.openmp"
+    assert ast.unparse(first_call) == "set_openmp_environment()"
+
+
+def test_openmp_spin_count_is_set_when_mindspore_loads_and_a_users_value_stays():
+    probe = ("import builtins, os, sys\n"
+             "seen = []\n"
+             "real_import = builtins.__import__\n"
+             "def spy(name, *args, **kwargs):\n"
+             "    if name.startswith('mindspore') and not seen:\n"
+             "        seen.append(os.environ.get('GOMP_SPINCOUNT'))\n"
+             "    return real_import(name, *args, **kwargs)\n"
+             "builtins.__import__ = spy\n"
+             "import train\n"
+             "print(seen[0])\n")
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    result = subprocess.run([PYTHON, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.split()[-1] == SPIN_COUNT
+    mine = {"GOMP_SPINCOUNT": "5"}
+    set_openmp_environment(mine)
+    assert mine == {"GOMP_SPINCOUNT": "5"}
