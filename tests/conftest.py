@@ -39,7 +39,11 @@ SHARED = "RESNET_TESTS_SHARED"
 
 
 def pytest_configure(config):
-    """The xdist controller makes the folder its workers share, and removes it at the end."""
+    """The xdist controller makes the folder its workers share, and removes it at the end; the
+    first process of a run empties the work record file (the workers append to it), so a file
+    named again holds this run alone."""
+    if os.environ.get(WORK) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        open(os.environ[WORK], "w", encoding="utf-8").close()
     if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("numprocesses", None):
         folder = tempfile.mkdtemp(prefix="resnet-tests-")
         os.environ[SHARED] = folder  # the workers start after this and inherit it
