@@ -122,15 +122,15 @@ def training_step_values(net, images, labels):
     return float(value.asnumpy()), gradients, statistics
 
 
-def small_network(arch: str, freeze_bn: bool, convolutions: str) -> nn.Cell:
-    """resnet18, or 'bottleneck': the Bottleneck family's shape with one block per stage."""
-    if arch == "resnet18":
-        return create_model(arch, num_classes=10, freeze_bn=freeze_bn, convolutions=convolutions)
-    net = ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10)
+def small_network(arch: str, freeze_bn: bool, layers: str) -> nn.Cell:
+    """resnet18, or 'bottleneck': the Bottleneck family's shape with one block per stage; `layers`
+    'mindspore', 'onednn' or 'onednn-unfused' (MindSpore's ReLUs and additions between ours)."""
+    net = (create_model(arch, num_classes=10) if arch == "resnet18"
+           else ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10))
     if freeze_bn:
         freeze_batch_norm(net)
-    if convolutions != "mindspore":
-        use_onednn_layers(net)
+    if layers != "mindspore":
+        use_onednn_layers(net, fuse_activations=layers == "onednn")
     return net
 
 
@@ -143,15 +143,17 @@ def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(arch, mode, freeze_
     pool in oneDNN's blocked layout: the loss, every gradient, the moving statistics and the
     evaluation outputs equal MindSpore's as closely as our NCHW convolutions alone do (two float32
     computations of the same network; a defect is orders of magnitude off), in both modes (GRAPH
-    once compiled BatchNorm ops of another activation as the first one it met).
+    once compiled BatchNorm ops of another activation as the first one it met); and bit for bit
+    what the same layers give with MindSpore's ReLUs and additions between them.
     train_parity.py checks the same against PyTorch's float64 (test_train_parity.py)."""
     ms.set_seed(5)
-    networks = [small_network(arch, freeze_bn, kind) for kind in ("mindspore", "mindspore", "onednn")]
-    reference, nchw, blocked = networks
+    networks = [small_network(arch, freeze_bn, kind) for kind in ("mindspore", "mindspore", "onednn", "onednn-unfused")]
+    reference, nchw, blocked, unfused = networks
     use_onednn_convolutions(nchw)
     assert isinstance(blocked.maxpool, OneDnnMaxPool) and isinstance(blocked.bn1, OneDnnBatchNorm2d)
     blocks = [cell for _, cell in blocked.cells_and_names() if hasattr(cell, "norm_activations")]
     assert len(blocks) > 4 and all(cell.norms_activate for cell in blocks)  # the stem and every block
+    assert not any(cell.norms_activate for _, cell in unfused.cells_and_names() if hasattr(cell, "norms_activate"))
     assert [p.name for p in blocked.get_parameters()] == [p.name for p in reference.get_parameters()]
     rng = np.random.default_rng(3)
     state = {p.name: p.asnumpy().copy() for p in reference.get_parameters()}
@@ -168,12 +170,21 @@ def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(arch, mode, freeze_
     try:
         results = [training_step_values(net, images, labels) for net in networks]
         (loss_reference, grads_reference, stats_reference), (_, grads_nchw, stats_nchw), \
-            (loss_blocked, grads_blocked, stats_blocked) = results
-        reference.set_train(False)
-        blocked.set_train(False)
+            (loss_blocked, grads_blocked, stats_blocked), (loss_unfused, grads_unfused, stats_unfused) = results
+        for net in networks:
+            net.set_train(False)
         evaluated = relative(blocked(images).asnumpy(), reference(images).asnumpy())
+        evaluated_unfused = unfused(images).asnumpy()
+        evaluated_blocked = blocked(images).asnumpy()
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
+    # The kernels' ReLU and addition are the same float operations as MindSpore's: bit for bit.
+    assert loss_blocked == loss_unfused
+    for name in grads_unfused:
+        np.testing.assert_array_equal(grads_blocked[name], grads_unfused[name], err_msg=name)
+    for name in stats_unfused:
+        np.testing.assert_array_equal(stats_blocked[name], stats_unfused[name], err_msg=name)
+    np.testing.assert_array_equal(evaluated_blocked, evaluated_unfused)
     assert abs(loss_blocked - loss_reference) < 1e-5 * abs(loss_reference)
     assert grads_blocked.keys() == grads_reference.keys()
     for name, gradient in grads_reference.items():

@@ -4,8 +4,8 @@ Two ways to use them, both in place and keeping every Parameter, its name and ch
 - `use_onednn_convolutions(net)`: every Conv2d becomes OneDnnConv2d; tensors stay NCHW between
   layers and each convolution reorders them in and out of oneDNN's layout. Any network.
 - `use_onednn_layers(net)`: ResNet's convolutions, BatchNorms and the stem's max pool all run here
-  and the tensors between them stay in oneDNN's blocked layout (MindSpore's element-wise ReLU and
-  residual additions do not care); the stem reads the NCHW image and the head gets NCHW features
+  and the tensors between them stay in oneDNN's blocked layout (the ReLUs and residual additions
+  are computed by the BatchNorm kernels); the stem reads the NCHW image and the head gets NCHW features
   back. Networks whose layers do not allow it (SE-ResNet50's channel excitation) get the first way.
 Export builds its own network without them, so MINDIR and ONNX files hold standard operators."""
 import functools
@@ -28,10 +28,6 @@ def _aot(name: str, out_shape, out_dtype, bprop=None) -> ops.Custom:
 
 def _first_dtype(*dtypes):
     return dtypes[0]
-
-
-def _three_dtypes(*dtypes):
-    return dtypes[0], dtypes[0], dtypes[0]
 
 
 def _shape_of_input(index: int):
@@ -216,13 +212,14 @@ def batch_norm_ops(global_stats: bool) -> ops.Custom:
 
 class OneDnnBatchNorm2d(nn.BatchNorm2d):
     """A BatchNorm2d on blocked tensors, with what follows it in its block computed in the same
-    kernel (`onednn_activation`: 'relu', or 'add_relu' for construct(x, residual)). The moving
-    statistics move as MindSpore's BatchNorm moves them, in the kernel: weight `momentum` (this
-    cell's 1 - its constructor's) on the batch's mean and unbiased variance."""
+    kernel as its params say ('relu', or 'add_relu' for construct(x, residual); see
+    _hand_activations_to_norms). The moving statistics move as MindSpore's BatchNorm moves them, in
+    the kernel: weight `momentum` (this cell's 1 - its constructor's) on the batch's mean and
+    unbiased variance."""
 
     def construct(self, x, residual=None):
-        # Each op call is written out with its arguments: GRAPH mode keeps a Custom op's bprop only
-        # when the op is called by name. Without a residual the (small) params stand in for it.
+        # Without a residual the (small) params stand in for it: one signature for every call
+        # (batch_norm_ops says why).
         dtype = x.dtype
         x = ops.cast(x, mstype.float32)
         use_batch = self.training if self.use_batch_statistics is None else self.use_batch_statistics
@@ -243,7 +240,6 @@ def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none") -> None:
     code = ACTIVATIONS[activation]
     cell.onednn_batch_params = Tensor(np.array([cell.eps, 0.0, cell.momentum, code], np.float32))
     cell.onednn_global_params = Tensor(np.array([cell.eps, 1.0, 0.0, code], np.float32))
-    cell.onednn_activation = activation
     cell.__class__ = OneDnnBatchNorm2d
 
 
@@ -319,9 +315,11 @@ def _hand_activations_to_norms(cell: nn.Cell) -> None:
     cell.norms_activate = True
 
 
-def use_onednn_layers(net: nn.Cell, *, bf16: bool = False) -> str:
+def use_onednn_layers(net: nn.Cell, *, bf16: bool = False, fuse_activations: bool = True) -> str:
     """ResNet's layers in blocked layout (see the module's docstring) where the network allows it,
-    else `use_onednn_convolutions`; returns which: 'blocked' or 'convolutions'."""
+    else `use_onednn_convolutions`; returns which: 'blocked' or 'convolutions'. `fuse_activations`
+    False leaves the ReLUs and residual additions to MindSpore (the same numbers, bit for bit:
+    the kernels compute the very same float operations; the tests compare the two)."""
     if not _blockable(net):
         use_onednn_convolutions(net, bf16=bf16)
         return "convolutions"
@@ -333,8 +331,9 @@ def use_onednn_layers(net: nn.Cell, *, bf16: bool = False) -> str:
             stem = False
         elif type(cell) is nn.BatchNorm2d:
             _swap_batch_norm(cell)
-    for _, cell in net.cells_and_names():
-        _hand_activations_to_norms(cell)
+    if fuse_activations:
+        for _, cell in net.cells_and_names():
+            _hand_activations_to_norms(cell)
     pool = net.maxpool
     kernel, stride = (value if isinstance(value, int) else value[-1] for value in (pool[1].kernel_size, pool[1].stride))
     pool.onednn, pool.onednn_params = max_pool_ops(kernel, stride, 1), Tensor(np.array([kernel, stride, 1], np.int32))

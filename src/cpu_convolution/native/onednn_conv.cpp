@@ -1,15 +1,16 @@
 // ResNet's layers for MindSpore's CPU backend through a private oneDNN, as `ops.Custom(func_type="aot")`
 // kernels on float32 tensors: convolution (forward, backward-data, backward-weights), batch
-// normalization (forward, backward), max pooling (forward, backward) and the reorders between
-// MindSpore's NCHW and oneDNN's blocked layout.
+// normalization with the ReLU or residual addition after it (forward, backward), max pooling
+// (forward, backward), the reorders between MindSpore's NCHW and oneDNN's blocked layout, and the
+// training step's pass over its gradients (the loss scale divided out, the finiteness check).
 //
 // MindSpore's own CPU convolutions hand oneDNN plain NCHW descriptors, so oneDNN never picks its
 // blocked layouts (and, above AVX2, falls into a reference kernel). Here convolution primitives are
 // created with `format_tag::any`, so oneDNN chooses. A tensor MindSpore holds as [N, C, H, W] may be
 // in one of two layouts, said by the kernel's parameters: plain NCHW, or "blocked" (oneDNN's
 // nChw16c, which holds exactly N*C*H*W floats when C is a multiple of 16). Between the layers of a
-// network whose every layer runs here the tensors stay blocked (element-wise ReLU and additions do
-// not care), so no reorder is needed; where a kernel meets another layout, it reorders through a
+// network whose every layer runs here the tensors stay blocked (the normalizations apply the ReLUs
+// and residual additions; MindSpore's sums of gradients are element-wise), so no reorder is needed; where a kernel meets another layout, it reorders through a
 // buffer of its plan. Each primitive is created once per shape and cached.
 //
 // The library links against oneDNN 3.2 under a renamed SONAME (libdnnl_resnet.so.3, see build.sh):
@@ -226,7 +227,7 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
     auto channel = memory::desc({x[1]}, dt::f32, tag::a);
     auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     if (p.global_stats != 0.f) flags = flags | dnnl::normalization_flags::use_global_stats;
-    if (p.activation == 1.f) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
+    if (relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
     auto attr = user_scratchpad();
     auto forward = dnnl::batch_normalization_forward::primitive_desc(
         engine, dnnl::prop_kind::forward_training, data, data, p.epsilon, flags, attr);
@@ -257,7 +258,7 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
             engine, dnnl::prop_kind::backward, data, data, data, p.epsilon, flags, forward, attr);
         plan->primitive = dnnl::batch_normalization_backward(backward);
         plan->operands = {operand(DNNL_ARG_SRC, 0, false, data, backward.src_desc()),
-                          // with the residual: dy masked by the output, written by add_relu_backward
+                          // with the residual: dy masked by the output, written by residual_backward
                           operand(DNNL_ARG_DIFF_DST, add ? norm::kDresidual : 1, false, data,
                                   backward.diff_dst_desc()),
                           operand(DNNL_ARG_MEAN, 2, false, channel, channel),
