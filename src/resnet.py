@@ -248,8 +248,6 @@ class SEBottleneck(nn.Cell):
     With `squeeze_excite` the block rescales its channels (global average pool, se_dense_0 to a
     quarter of the channels, ReLU, se_dense_1, sigmoid) before the residual addition."""
     expansion = 4
-    norm_activations = {"bn1": "relu", "bn2": "relu", "bn3": "add_relu"}  # as BasicBlock's
-    norms_activate = False
 
     def __init__(self, in_channels: int, channels: int, stride: int = 1, squeeze_excite: bool = False):
         super().__init__()

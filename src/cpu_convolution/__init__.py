@@ -26,8 +26,7 @@ IMPLEMENTATIONS = ("mindspore", "onednn", "onednn-bf16")
 
 __all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "all_finite_op", "choose_convolutions", "cpu_flags",
            "cpu_has_amx_bf16", "set_threads", "unavailable_reason", "unscale_all_finite_op", "use_onednn_convolutions",
-           "use_onednn_layers",
-           "uses_onednn"]
+           "use_onednn_layers", "uses_onednn"]
 
 
 def uses_onednn(net: nn.Cell) -> bool:
