@@ -10,8 +10,9 @@
 // in one of two layouts, said by the kernel's parameters: plain NCHW, or "blocked" (oneDNN's
 // nChw16c, which holds exactly N*C*H*W floats when C is a multiple of 16). Between the layers of a
 // network whose every layer runs here the tensors stay blocked (the normalizations apply the ReLUs
-// and residual additions; MindSpore's sums of gradients are element-wise), so no reorder is needed; where a kernel meets another layout, it reorders through a
-// buffer of its plan. Each primitive is created once per shape and cached.
+// and residual additions; MindSpore's sums of gradients are element-wise), so no reorder is needed;
+// where a kernel meets another layout, it reorders through a buffer of its plan. Each primitive is
+// created once per shape and cached.
 //
 // The library links against oneDNN 3.2 under a renamed SONAME (libdnnl_resnet.so.3, see build.sh):
 // MindSpore's own libdnnl.so.3 is already in the process and would otherwise be bound instead.
@@ -336,13 +337,20 @@ void execute(Plan &plan, void **slots) {
         if (o.reorders && o.output) o.reorder.execute(s.stream, o.inner, o.user);
 }
 
-int64_t elements(const int64_t *shape) { return shape[0] * shape[1] * shape[2] * shape[3]; }
+int64_t element_count(int ndims, const int64_t *shape) {
+    int64_t count = 1;
+    for (int d = 0; d < ndims; ++d) count *= shape[d];
+    return count;
+}
+
+// Inf or NaN, from a float32's bits: the exponent all ones.
+bool inf_or_nan(uint32_t bits) { return (bits & 0x7f800000u) == 0x7f800000u; }
 
 // add_relu: y = max(y + residual, 0) after the normalization wrote y.
 void add_relu_forward(void **slots, const int64_t *x) {
     auto *y = static_cast<float *>(slots[norm::kY]);
     const auto *residual = static_cast<const float *>(slots[norm::kResidual]);
-    const int64_t count = elements(x);
+    const int64_t count = element_count(4, x);
 #pragma omp parallel for simd if (count > (1 << 14))
     for (int64_t i = 0; i < count; ++i) y[i] = std::max(y[i] + residual[i], 0.f);
 }
@@ -353,13 +361,11 @@ void add_relu_forward(void **slots, const int64_t *x) {
 void residual_backward(void **slots, const int64_t *x, const int64_t *residual_shape, int residual_ndims, bool add) {
     auto *dresidual = static_cast<float *>(slots[norm::kDresidual]);
     if (!add) {
-        int64_t count = 1;
-        for (int d = 0; d < residual_ndims; ++d) count *= residual_shape[d];
-        std::fill(dresidual, dresidual + count, 0.f);
+        std::fill(dresidual, dresidual + element_count(residual_ndims, residual_shape), 0.f);
         return;
     }
     const auto *dy = static_cast<const float *>(slots[1]), *y = static_cast<const float *>(slots[norm::kBackY]);
-    const int64_t count = elements(x);
+    const int64_t count = element_count(4, x);
 #pragma omp parallel for simd if (count > (1 << 14))
     for (int64_t i = 0; i < count; ++i) dresidual[i] = y[i] > 0.f ? dy[i] : 0.f;
 }
@@ -426,11 +432,8 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
         if (kind == kNormForward || kind == kNormBackward)
             workspace_slot = kind == kNormForward ? norm::kWorkspace : norm::kBackWorkspace;
         if (!dtypes_are(nparam, dtypes, params_slot, params_dtype, workspace_slot)) return 1;
-        int64_t workspace_bytes = 0;
-        if (workspace_slot >= 0) {
-            workspace_bytes = 1;
-            for (int d = 0; d < ndims[workspace_slot]; ++d) workspace_bytes *= shapes[workspace_slot][d];
-        }
+        const int64_t workspace_bytes =
+            workspace_slot >= 0 ? element_count(ndims[workspace_slot], shapes[workspace_slot]) : 0;
         auto &s = state();
         std::lock_guard<std::mutex> guard(s.lock);
         if (g_threads > 0) omp_set_num_threads(g_threads);
@@ -485,13 +488,12 @@ int all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const ch
     for (int i = 0; i < nparam - 1 && finite; ++i) {
         if (!check(std::strcmp(dtypes[i], "float32") == 0, std::string("AllFinite takes float32, not ") + dtypes[i]))
             return 1;
-        int64_t count = 1;
-        for (int d = 0; d < ndims[i]; ++d) count *= shapes[i][d];
+        const int64_t count = element_count(ndims[i], shapes[i]);
         const uint32_t *bits = static_cast<const uint32_t *>(params[i]);
         int bad = 0;
         if (g_threads > 0) omp_set_num_threads(g_threads);
 #pragma omp parallel for reduction(| : bad) if (count > (1 << 16))
-        for (int64_t j = 0; j < count; ++j) bad |= (bits[j] & 0x7f800000u) == 0x7f800000u;  // Inf or NaN
+        for (int64_t j = 0; j < count; ++j) bad |= inf_or_nan(bits[j]);
         finite = !bad;
     }
     *static_cast<float *>(params[nparam - 1]) = finite ? 1.f : 0.f;
@@ -513,8 +515,7 @@ int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, 
     if (g_threads > 0) omp_set_num_threads(g_threads);
     int bad = 0;
     for (int i = 0; i < n; ++i) {
-        int64_t count = 1;
-        for (int d = 0; d < ndims[1 + i]; ++d) count *= shapes[1 + i][d];
+        const int64_t count = element_count(ndims[1 + i], shapes[1 + i]);
         const float *gradient = static_cast<const float *>(params[1 + i]);
         float *scaled = static_cast<float *>(params[1 + n + i]);
         int tensor_bad = 0;
@@ -524,7 +525,7 @@ int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, 
             scaled[j] = value;
             uint32_t bits;
             std::memcpy(&bits, &value, sizeof(bits));
-            tensor_bad |= (bits & 0x7f800000u) == 0x7f800000u;  // Inf or NaN
+            tensor_bad |= inf_or_nan(bits);
         }
         bad |= tensor_bad;
     }
