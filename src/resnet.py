@@ -99,13 +99,19 @@ class BasicBlock(nn.Cell):
         self.bn2 = batch_norm(channels)
         self.relu = nn.ReLU()
         self.downsample = downsample
+        # A cell giving the two branches their own copies of the input, set by
+        # src.cpu_convolution.use_onednn_layers for bfloat16 layers (cells.InputFork says why).
+        self.input_fork = None
 
     @property
     def last_bn(self) -> nn.BatchNorm2d:
         return self.bn2
 
     def construct(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
+        branch = x
+        if self.input_fork is not None:
+            x, branch = self.input_fork(x)
+        identity = branch if self.downsample is None else self.downsample(branch)
         if self.norms_activate:
             return self.bn2(self.conv2(self.bn1(self.conv1(x))), identity)
         out = self.relu(self.bn1(self.conv1(x)))
@@ -135,13 +141,17 @@ class Bottleneck(nn.Cell):
         self.bn3 = batch_norm(out_channels)
         self.relu = nn.ReLU()
         self.downsample = downsample
+        self.input_fork = None  # as BasicBlock's
 
     @property
     def last_bn(self) -> nn.BatchNorm2d:
         return self.bn3
 
     def construct(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
+        branch = x
+        if self.input_fork is not None:
+            x, branch = self.input_fork(x)
+        identity = branch if self.downsample is None else self.downsample(branch)
         if self.norms_activate:
             out = self.bn2(self.conv2(self.bn1(self.conv1(x))))
             return self.bn3(self.conv3(out), identity)

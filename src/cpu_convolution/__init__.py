@@ -31,7 +31,7 @@ __all__ = ["CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "all_finite_op
 
 def uses_onednn(net: nn.Cell) -> bool:
     """Whether `net` computes with this package's layers: they choose their own precision (bfloat16
-    convolutions on AMX CPUs), so MindSpore's float16 casts (amp) are not applied on top."""
+    layers on AMX CPUs), so MindSpore's float16 casts (amp) are not applied on top."""
     return any(isinstance(cell, OneDnnConv2d) for _, cell in net.cells_and_names())
 
 
@@ -70,7 +70,7 @@ def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0
     if amp_level == "O0":
         return "onednn", None
     if cpu_has_amx_bf16():
-        return "onednn-bf16", (f"amp_level {amp_level} on CPU: the convolutions compute in bfloat16 (AMX), "
-                               f"everything else and the weights and gradients in float32")
+        return "onednn-bf16", (f"amp_level {amp_level} on CPU: the layers compute in bfloat16 (AMX) and hand each "
+                               f"other bfloat16 tensors; the weights, their gradients and the head stay float32")
     return "onednn", (f"amp_level {amp_level} on CPU: the network stays float32 (this CPU has no AMX, "
                       f"where bfloat16 convolutions are slower than float32)")

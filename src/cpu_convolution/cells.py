@@ -6,7 +6,9 @@ Two ways to use them, both in place and keeping every Parameter, its name and ch
 - `use_onednn_layers(net)`: ResNet's convolutions, BatchNorms and the stem's max pool all run here
   and the tensors between them stay in oneDNN's blocked layout (the ReLUs and residual additions
   are computed by the BatchNorm kernels); the stem reads the NCHW image and the head gets NCHW features
-  back. Networks whose layers do not allow it (SE-ResNet50's channel excitation) get the first way.
+  back. With `bf16` those tensors, and their gradients, are bfloat16 (in the NHWC layout AMX
+  convolutions use). Networks whose layers do not allow it (SE-ResNet50's channel excitation) get
+  the first way.
 Export builds its own network without them, so MINDIR and ONNX files hold standard operators."""
 import functools
 from typing import Tuple
@@ -23,11 +25,31 @@ BLOCK = 16  # channels per block of oneDNN's nChw16c: layers with channels that 
 
 
 def _aot(name: str, out_shape, out_dtype, bprop=None) -> ops.Custom:
-    return ops.Custom(f"{LIBRARY}:{name}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot", bprop=bprop)
+    """The library's kernel `name` as an op. `out_dtype` a mindspore.dtype name: every output of that
+    type, said in an attribute too, because MindSpore takes an op of the same kernel and inputs for
+    the same op whatever its out_dtype (a float32 ToBlocked and a bfloat16 one in one process)."""
+    if not isinstance(out_dtype, str):
+        return ops.Custom(f"{LIBRARY}:{name}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot", bprop=bprop)
+    op = ops.Custom(f"{LIBRARY}:{name}", out_shape=out_shape, out_dtype=_fixed_dtype(out_dtype), func_type="aot",
+                    bprop=bprop)
+    op.add_prim_attr("output_dtype", out_dtype)
+    return op
 
 
 def _first_dtype(*dtypes):
     return dtypes[0]
+
+
+def _dtype_of_input(index: int):
+    def dtype(*dtypes):
+        return dtypes[index]
+    return dtype
+
+
+def _fixed_dtype(name: str):
+    def dtype(*dtypes):
+        return getattr(mstype, name)
+    return dtype
 
 
 def _shape_of_input(index: int):
@@ -41,9 +63,11 @@ def _output_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -
 
 
 @functools.lru_cache(maxsize=None)
-def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_gradient: bool) -> ops.Custom:
+def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_gradient: bool,
+                    output_dtype: str = "") -> ops.Custom:
     """The forward Custom op for one convolution's parameters, with its backward ops as bprop.
-    `input_gradient` False: the input's gradient is zeros (the stem, whose input is the image)."""
+    `input_gradient` False: the input's gradient is zeros (the stem, whose input is the image).
+    `output_dtype`: the output's type (a mindspore.dtype name), else the input's."""
     stride_h, stride_w, top, bottom, left, right, dilation_h, dilation_w = params[:8]
 
     def forward_shape(x, w, p):
@@ -52,14 +76,14 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
         return [x[0], w[0], _output_size(x[2], kernel[0], stride_h, top + bottom, dilation_h),
                 _output_size(x[3], kernel[1], stride_w, left + right, dilation_w)]
 
-    backward_data = _aot("ConvBackwardData", _shape_of_input(3), _first_dtype)
-    backward_weights = _aot("ConvBackwardWeights", _shape_of_input(3), _first_dtype)
+    backward_data = _aot("ConvBackwardData", _shape_of_input(3), _dtype_of_input(3))
+    backward_weights = _aot("ConvBackwardWeights", _shape_of_input(3), _dtype_of_input(3))
 
     def bprop(x, w, p, out, dout):
         dx = backward_data(dout, w, p, x) if input_gradient else ops.zeros_like(x)
         return dx, backward_weights(x, dout, p, w), ops.zeros_like(p)
 
-    return _aot("ConvForward", forward_shape, _first_dtype, bprop)
+    return _aot("ConvForward", forward_shape, output_dtype or _first_dtype, bprop)
 
 
 def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0) -> Tuple[int, ...]:
@@ -91,11 +115,20 @@ class OneDnnConv2d(nn.Conv2d):
         return y
 
 
-def _swap_convolution(cell: nn.Conv2d, *, bf16: bool, input_gradient: bool, layout: int = 0) -> None:
+class BlockedConv2d(OneDnnConv2d):
+    """A convolution between blocked layers: its input and output are in the types the layers hand
+    each other (use_onednn_layers), so nothing is cast."""
+
+    def construct(self, x):
+        return self.onednn(x, self.weight, self.onednn_params)
+
+
+def _swap_convolution(cell: nn.Conv2d, *, bf16: bool, input_gradient: bool, layout: int = 0,
+                      output_dtype: str = "") -> None:
     params = convolution_params(cell, bf16, layout)
-    cell.onednn = convolution_ops(params, tuple(cell.kernel_size), input_gradient)
+    cell.onednn = convolution_ops(params, tuple(cell.kernel_size), input_gradient, output_dtype)
     cell.onednn_params = Tensor(np.array(params, np.int32))
-    cell.__class__ = OneDnnConv2d
+    cell.__class__ = BlockedConv2d if layout else OneDnnConv2d
 
 
 def use_onednn_convolutions(net: nn.Cell, *, bf16: bool = False, image_gradient: bool = False) -> int:
@@ -156,16 +189,15 @@ def _norm_forward_shape(x, gamma, beta, mean, variance, params, residual):
     return x, gamma, gamma, [int(np.prod(x))]
 
 
-def _norm_forward_dtypes(*dtypes):
-    return dtypes[0], dtypes[0], dtypes[0], mstype.uint8
+def _norm_forward_dtypes(x, gamma, *others):
+    return x, gamma, gamma, mstype.uint8
 
 
 def _norm_backward_shape(x, dy, mean, variance, gamma, params, workspace, y, residual):
     return x, gamma, gamma, residual
 
 
-def _four_dtypes(*dtypes):
-    return dtypes[0], dtypes[0], dtypes[0], dtypes[0]
+_norm_backward_dtypes = _norm_backward_shape  # dx as x, the statistics' gradients as gamma, dresidual as residual
 
 
 class _MovingStatisticsWritten(ops.Custom):
@@ -195,7 +227,7 @@ def batch_norm_ops(global_stats: bool) -> ops.Custom:
     graph as the first one it met (ops of two lengths failed to compile; of one length, the others'
     calls would run the first's). So every call passes a residual (a small stand-in without one),
     and the backward takes everything any activation needs."""
-    backward = _aot("NormBackward", _norm_backward_shape, _four_dtypes)
+    backward = _aot("NormBackward", _norm_backward_shape, _norm_backward_dtypes)
 
     def bprop(x, gamma, beta, mean, variance, params, residual, out, dout):
         used_mean, used_variance = (mean, variance) if global_stats else (out[1], out[2])
@@ -218,24 +250,20 @@ class OneDnnBatchNorm2d(nn.BatchNorm2d):
     unbiased variance."""
 
     def construct(self, x, residual=None):
-        # Without a residual the (small) params stand in for it: one signature for every call
-        # (batch_norm_ops says why).
-        dtype = x.dtype
-        x = ops.cast(x, mstype.float32)
+        # Without a residual a small tensor of its type stands in for it: one signature for every
+        # call (batch_norm_ops says why).
+        extra = self.onednn_stand_in if residual is None else residual
         use_batch = self.training if self.use_batch_statistics is None else self.use_batch_statistics
         if use_batch:
-            extra = self.onednn_batch_params if residual is None else ops.cast(residual, mstype.float32)
-            y = self.onednn_batch(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
-                                  self.onednn_batch_params, extra)[0]
-        else:
-            extra = self.onednn_global_params if residual is None else ops.cast(residual, mstype.float32)
-            y = self.onednn_global(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
-                                   self.onednn_global_params, extra)[0]
-        return ops.cast(y, dtype)
+            return self.onednn_batch(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
+                                     self.onednn_batch_params, extra)[0]
+        return self.onednn_global(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
+                                  self.onednn_global_params, extra)[0]
 
 
-def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none") -> None:
+def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none", dtype=mstype.float32) -> None:
     cell.onednn_batch, cell.onednn_global = batch_norm_ops(False), batch_norm_ops(True)
+    cell.onednn_stand_in = Tensor(np.zeros(4, np.float32), dtype)
     # onednn_conv.cpp's NormParams: epsilon, global_stats, momentum (0: the statistics stay), activation
     code = ACTIVATIONS[activation]
     cell.onednn_batch_params = Tensor(np.array([cell.eps, 0.0, cell.momentum, code], np.float32))
@@ -267,25 +295,60 @@ class OneDnnMaxPool(nn.SequentialCell):
 
 
 @functools.lru_cache(maxsize=None)
-def to_plain_op() -> ops.Custom:
-    """Blocked -> NCHW; its gradient is the reorder back."""
-    to_blocked = _aot("ToBlocked", _shape_of_input(0), _first_dtype)
+def to_plain_op(blocked_dtype: str) -> ops.Custom:
+    """Blocked (of `blocked_dtype`, a mindspore.dtype name) -> NCHW float32; its gradient is the
+    reorder back."""
+    to_blocked = _aot("ToBlocked", _shape_of_input(0), blocked_dtype)
 
     def bprop(x, out, dout):
         return (to_blocked(dout),)
 
-    return _aot("ToPlain", _shape_of_input(0), _first_dtype, bprop)
+    return _aot("ToPlain", _shape_of_input(0), "float32", bprop)
 
 
 class BlockedToPlain(nn.Cell):
-    """The features of a blocked network back in NCHW, for the head."""
+    """The features of a blocked network back in NCHW float32, for the head."""
 
-    def __init__(self):
+    def __init__(self, blocked_dtype: str):
         super().__init__()
-        self.reorder = to_plain_op()
+        self.reorder = to_plain_op(blocked_dtype)
 
     def construct(self, x):
         return self.reorder(x)
+
+
+def _pair_of_shapes(x):
+    return x, x
+
+
+def _pair_of_dtypes(x):
+    return x, x
+
+
+@functools.lru_cache(maxsize=None)
+def fork_op() -> ops.Custom:
+    """x -> two copies of x; the gradient is the sum of the two copies' gradients."""
+    total = _aot("Sum", _shape_of_input(0), _first_dtype)
+
+    def bprop(x, out, dout):
+        return (total(dout[0], dout[1]),)
+
+    return _aot("Fork", _pair_of_shapes, _pair_of_dtypes, bprop)
+
+
+class InputFork(nn.Cell):
+    """A block's input for its two branches, in training each its own copy: MindSpore sums the
+    gradients of a tensor two operations read with AddN, which has no bfloat16 kernel on CPU; the
+    copies' backward sums them in our kernel. In evaluation both branches read the input itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.fork = fork_op()
+
+    def construct(self, x):
+        if self.training:
+            return self.fork(x)
+        return x, x
 
 
 def _blockable(net: nn.Cell) -> bool:
@@ -300,10 +363,10 @@ def _blockable(net: nn.Cell) -> bool:
     norms = [cell for _, cell in net.cells_and_names() if type(cell) is nn.BatchNorm2d]
     return (bool(convolutions) and all(c.out_channels % BLOCK == 0 for c in convolutions)
             and all(c.in_channels % BLOCK == 0 for c in convolutions[1:])
-            and all(n.num_features % BLOCK == 0 for n in norms))
+            and all(n.num_features % BLOCK == 0 for n in norms) and not any(c.has_bias for c in convolutions))
 
 
-def _hand_activations_to_norms(cell: nn.Cell) -> None:
+def _hand_activations_to_norms(cell: nn.Cell, dtype) -> None:
     """A block (or stem) whose `norm_activations` name BatchNorms now running here: those compute
     the ReLU (and residual addition) that follows them, and the block's `norms_activate` says so.
     Saves MindSpore's element-wise passes over the tensor, forward and backward."""
@@ -311,32 +374,41 @@ def _hand_activations_to_norms(cell: nn.Cell) -> None:
     if not activations or not all(isinstance(getattr(cell, name, None), OneDnnBatchNorm2d) for name in activations):
         return
     for name, activation in activations.items():
-        _swap_batch_norm(getattr(cell, name), activation)
+        _swap_batch_norm(getattr(cell, name), activation, dtype)
     cell.norms_activate = True
 
 
 def use_onednn_layers(net: nn.Cell, *, bf16: bool = False, fuse_activations: bool = True) -> str:
     """ResNet's layers in blocked layout (see the module's docstring) where the network allows it,
-    else `use_onednn_convolutions`; returns which: 'blocked' or 'convolutions'. `fuse_activations`
+    else `use_onednn_convolutions`; returns which: 'blocked' or 'convolutions'. `bf16`: bfloat16
+    tensors between the layers, the weights and their gradients float32. `fuse_activations`
     False leaves the ReLUs and residual additions to MindSpore (the same numbers, bit for bit:
-    the kernels compute the very same float operations; the tests compare the two)."""
+    the kernels compute the very same float operations; the tests compare the two; float32 only,
+    MindSpore's CPU ReLU has no bfloat16 kernel)."""
     if not _blockable(net):
         use_onednn_convolutions(net, bf16=bf16)
         return "convolutions"
+    if bf16 and not fuse_activations:
+        raise ValueError("bfloat16 layers compute their activations themselves: fuse_activations must be True")
+    blocked_dtype = "bfloat16" if bf16 else "float32"
+    dtype = getattr(mstype, blocked_dtype)
     stem = True
     for _, cell in net.cells_and_names():
         if supported(cell):
             layout = OUTPUT_BLOCKED if stem else INPUT_BLOCKED | OUTPUT_BLOCKED
-            _swap_convolution(cell, bf16=bf16, input_gradient=not stem, layout=layout)
+            _swap_convolution(cell, bf16=bf16, input_gradient=not stem, layout=layout, output_dtype=blocked_dtype)
             stem = False
         elif type(cell) is nn.BatchNorm2d:
-            _swap_batch_norm(cell)
+            _swap_batch_norm(cell, dtype=dtype)
+    if bf16:
+        for block in [cell for _, cell in net.cells_and_names() if hasattr(cell, "input_fork")]:
+            block.input_fork = InputFork()
     if fuse_activations:
         for _, cell in net.cells_and_names():
-            _hand_activations_to_norms(cell)
+            _hand_activations_to_norms(cell, dtype)
     pool = net.maxpool
     kernel, stride = (value if isinstance(value, int) else value[-1] for value in (pool[1].kernel_size, pool[1].stride))
     pool.onednn, pool.onednn_params = max_pool_ops(kernel, stride, 1), Tensor(np.array([kernel, stride, 1], np.int32))
     pool.__class__ = OneDnnMaxPool
-    net.features_to_plain = BlockedToPlain()
+    net.features_to_plain = BlockedToPlain(blocked_dtype)
     return "blocked"

@@ -1,5 +1,5 @@
 // ResNet's layers for MindSpore's CPU backend through a private oneDNN, as `ops.Custom(func_type="aot")`
-// kernels on float32 tensors: convolution (forward, backward-data, backward-weights), batch
+// kernels on float32 or bfloat16 tensors: convolution (forward, backward-data, backward-weights), batch
 // normalization with the ReLU or residual addition after it (forward, backward), max pooling
 // (forward, backward), the reorders between MindSpore's NCHW and oneDNN's blocked layout, and the
 // training step's pass over its gradients (the loss scale divided out, the finiteness check).
@@ -7,12 +7,13 @@
 // MindSpore's own CPU convolutions hand oneDNN plain NCHW descriptors, so oneDNN never picks its
 // blocked layouts (and, above AVX2, falls into a reference kernel). Here convolution primitives are
 // created with `format_tag::any`, so oneDNN chooses. A tensor MindSpore holds as [N, C, H, W] may be
-// in one of two layouts, said by the kernel's parameters: plain NCHW, or "blocked" (oneDNN's
-// nChw16c, which holds exactly N*C*H*W floats when C is a multiple of 16). Between the layers of a
-// network whose every layer runs here the tensors stay blocked (the normalizations apply the ReLUs
-// and residual additions; MindSpore's sums of gradients are element-wise), so no reorder is needed;
-// where a kernel meets another layout, it reorders through a buffer of its plan. Each primitive is
-// created once per shape and cached.
+// in one of two layouts, said by the kernel's parameters: plain NCHW, or "blocked": the layout
+// oneDNN's convolutions choose for the tensor's type, nChw16c for float32 (exactly N*C*H*W floats
+// when C is a multiple of 16) and NHWC for bfloat16 (AMX). Between the layers of a network whose
+// every layer runs here the tensors stay blocked (the normalizations apply the ReLUs and residual
+// additions; sums of gradients are element-wise), so no reorder is needed; where a kernel meets
+// another layout or type, it reorders through a buffer of its plan. Each primitive is created once
+// per shape and types, and cached.
 //
 // The library links against oneDNN 3.2 under a renamed SONAME (libdnnl_resnet.so.3, see build.sh):
 // MindSpore's own libdnnl.so.3 is already in the process and would otherwise be bound instead.
@@ -79,7 +80,7 @@ struct PoolParams {
 
 enum Kind {
     kConvForward, kConvBackwardData, kConvBackwardWeights, kNormForward, kNormBackward, kPoolForward,
-    kPoolBackward, kToPlain, kToBlocked
+    kPoolBackward, kToPlain, kToBlocked, kSum
 };
 
 // One tensor argument of a primitive: the memory MindSpore owns (`slot` indexes the kernel's
@@ -99,6 +100,7 @@ struct Plan {
     std::vector<Operand> operands;
     std::unordered_map<int, memory> owned;  // scratchpad, workspace, outputs nobody reads
     std::unique_ptr<Plan> prelude;          // run first (max pooling's backward: its forward, for the workspace)
+    std::unique_ptr<Plan> postlude;         // run last (the residual addition after a normalization)
 };
 
 struct State {
@@ -123,7 +125,24 @@ State &state() {
 
 memory::dims dims_of(const int64_t *shape, int n) { return memory::dims(shape, shape + n); }
 
-tag layout(bool blocked) { return blocked ? tag::aBcd16b : tag::nchw; }
+int64_t element_count(int ndims, const int64_t *shape) {
+    int64_t count = 1;
+    for (int d = 0; d < ndims; ++d) count *= shape[d];
+    return count;
+}
+
+// Inf or NaN, from a float32's bits: the exponent all ones.
+bool inf_or_nan(uint32_t bits) { return (bits & 0x7f800000u) == 0x7f800000u; }
+
+dt data_type(const char *name) { return std::strcmp(name, "bfloat16") == 0 ? dt::bf16 : dt::f32; }
+
+// An activation as a kernel's parameters say it is laid out (see the header).
+memory::desc activation(const memory::dims &shape, dt type, bool blocked) {
+    return memory::desc(shape, type, !blocked ? tag::nchw : type == dt::bf16 ? tag::acdb : tag::aBcd16b);
+}
+
+// The same elements seen as one flat run, for element-wise primitives over tensors of one layout.
+memory::desc flat(int64_t count, dt type) { return memory::desc({count}, type, tag::a); }
 
 Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, const memory::desc &wanted) {
     auto &engine = state().engine;
@@ -169,7 +188,7 @@ void same_padding(ConvParams &p, const memory::dims &x, const memory::dims &w) {
 // Convolution slots: forward x=0, w=1, y=3; backward-data dy=0, w=1, dx=4 (slot 3: x, shape only);
 // backward-weights x=0, dy=1, dw=4 (slot 3: w, shape only). Slot 2 holds the parameters.
 std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x, const memory::dims &w, const memory::dims &y,
-                                const ConvParams &p) {
+                                const ConvParams &p, dt x_type, dt y_type) {
     auto &engine = state().engine;
     memory::dims strides{p.stride_h, p.stride_w};
     memory::dims dilation{p.dilation_h - 1, p.dilation_w - 1};
@@ -179,8 +198,8 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x, const memory::
     auto x_any = memory::desc(x, compute, tag::any);
     auto y_any = memory::desc(y, compute, tag::any);
     auto w_any = weights_desc(w, p.groups, compute, tag::any);
-    auto x_user = memory::desc(x, dt::f32, layout(p.layout & 1));
-    auto y_user = memory::desc(y, dt::f32, layout(p.layout & 2));
+    auto x_user = activation(x, x_type, p.layout & 1);
+    auto y_user = activation(y, y_type, p.layout & 2);
     auto w_user = weights_desc(w, p.groups, dt::f32, tag::oihw);
     auto attr = user_scratchpad();
     auto forward = dnnl::convolution_forward::primitive_desc(
@@ -221,10 +240,12 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x, const memory::
 // namespace norm says. The batch variance is the biased one oneDNN normalizes with; with global_stats
 // the given statistics are used and are not written out. The workspace is the uint8 tensor the
 // Python op gives it, one byte per element of x: more than oneDNN asks (a bit each), checked here.
-std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormParams &p, int64_t workspace_bytes) {
+std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormParams &p, int64_t workspace_bytes,
+                                dt type) {
     auto &engine = state().engine;
     const bool relu = p.activation == 1.f, add = p.activation == 2.f;
-    auto data = memory::desc(x, dt::f32, tag::aBcd16b);
+    auto data = activation(x, type, true);
+    auto elements = flat(element_count(4, x.data()), type);
     auto channel = memory::desc({x[1]}, dt::f32, tag::a);
     auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     if (p.global_stats != 0.f) flags = flags | dnnl::normalization_flags::use_global_stats;
@@ -254,6 +275,20 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
                           operand(DNNL_ARG_DST, norm::kY, true, data, forward.dst_desc())};
         if (relu) plan->operands.push_back(workspace(norm::kWorkspace));
         own_scratchpad(*plan, forward);
+        if (add) {  // y = max(y + residual, 0), in place
+            dnnl::post_ops relu_after;
+            relu_after.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+            auto add_attr = user_scratchpad();
+            add_attr.set_post_ops(relu_after);
+            auto addition = dnnl::binary::primitive_desc(engine, dnnl::algorithm::binary_add, elements, elements,
+                                                         elements, add_attr);
+            plan->postlude = std::make_unique<Plan>();
+            plan->postlude->primitive = dnnl::binary(addition);
+            plan->postlude->operands = {operand(DNNL_ARG_SRC_0, norm::kY, false, elements, elements),
+                                        operand(DNNL_ARG_SRC_1, norm::kResidual, false, elements, elements),
+                                        operand(DNNL_ARG_DST, norm::kY, true, elements, elements)};
+            own_scratchpad(*plan->postlude, addition);
+        }
     } else {
         auto backward = dnnl::batch_normalization_backward::primitive_desc(
             engine, dnnl::prop_kind::backward, data, data, data, p.epsilon, flags, forward, attr);
@@ -270,6 +305,19 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
                           operand(DNNL_ARG_DIFF_SHIFT, norm::kDbeta, true, channel, channel)};
         if (relu) plan->operands.push_back(workspace(norm::kBackWorkspace));
         own_scratchpad(*plan, backward);
+        if (add) {  // first dresidual = dy where the output passed the ReLU, else 0
+            const auto algorithm = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
+            auto relu_forward = dnnl::eltwise_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
+                                                                      algorithm, elements, elements, 0.f, 0.f);
+            auto mask = dnnl::eltwise_backward::primitive_desc(engine, algorithm, elements, elements, elements, 0.f,
+                                                               0.f, relu_forward, attr);
+            plan->prelude = std::make_unique<Plan>();
+            plan->prelude->primitive = dnnl::eltwise_backward(mask);
+            plan->prelude->operands = {operand(DNNL_ARG_DST, norm::kBackY, false, elements, elements),
+                                       operand(DNNL_ARG_DIFF_DST, 1, false, elements, elements),
+                                       operand(DNNL_ARG_DIFF_SRC, norm::kDresidual, true, elements, elements)};
+            own_scratchpad(*plan->prelude, mask);
+        }
     }
     return plan;
 }
@@ -277,10 +325,11 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
 // Max pooling on blocked tensors; the padding never wins a window (PyTorch's -inf padding).
 // Forward slots: x=0, params=1, y=2. Backward slots: x=0, dy=1, params=2, dx=3; the backward runs
 // the forward first for the positions of the maxima (oneDNN's workspace).
-std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::dims &y, const PoolParams &p) {
+std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::dims &y, const PoolParams &p,
+                                dt type) {
     auto &engine = state().engine;
-    auto in = memory::desc(x, dt::f32, tag::aBcd16b);
-    auto out = memory::desc(y, dt::f32, tag::aBcd16b);
+    auto in = activation(x, type, true);
+    auto out = activation(y, type, true);
     memory::dims kernel{p.kernel, p.kernel}, strides{p.stride, p.stride}, pad{p.pad, p.pad}, dilation{0, 0};
     auto attr = user_scratchpad();
     auto forward = dnnl::pooling_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
@@ -312,14 +361,27 @@ std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::
     return plan;
 }
 
-// A reorder between the two layouts: slots x=0, y=1.
-std::unique_ptr<Plan> reorder_plan(Kind kind, const memory::dims &x) {
-    auto plain = memory::desc(x, dt::f32, tag::nchw);
-    auto blocked = memory::desc(x, dt::f32, tag::aBcd16b);
+// A reorder between the two layouts (and the types of the two tensors): slots x=0, y=1.
+std::unique_ptr<Plan> reorder_plan(Kind kind, const memory::dims &x, dt x_type, dt y_type) {
+    auto from = activation(x, x_type, kind == kToPlain), to = activation(x, y_type, kind == kToBlocked);
     auto plan = std::make_unique<Plan>();
-    auto from = kind == kToPlain ? blocked : plain, to = kind == kToPlain ? plain : blocked;
     plan->primitive = dnnl::reorder(memory(from, state().engine), memory(to, state().engine));
     plan->operands = {operand(DNNL_ARG_FROM, 0, false, from, from), operand(DNNL_ARG_TO, 1, true, to, to)};
+    return plan;
+}
+
+// The element-wise sum of two tensors of one shape, type and layout: slots a=0, b=1, y=2 (the
+// gradient of a tensor two layers read; bfloat16 sums are computed in float32, rounded once).
+std::unique_ptr<Plan> sum_plan(int64_t count, dt type) {
+    auto elements = flat(count, type);
+    auto attr = user_scratchpad();
+    auto sum = dnnl::sum::primitive_desc(state().engine, elements, {1.f, 1.f}, {elements, elements}, attr);
+    auto plan = std::make_unique<Plan>();
+    plan->primitive = dnnl::sum(sum);
+    plan->operands = {operand(DNNL_ARG_MULTIPLE_SRC, 0, false, elements, elements),
+                      operand(DNNL_ARG_MULTIPLE_SRC + 1, 1, false, elements, elements),
+                      operand(DNNL_ARG_DST, 2, true, elements, elements)};
+    own_scratchpad(*plan, sum);
     return plan;
 }
 
@@ -335,39 +397,14 @@ void execute(Plan &plan, void **slots) {
     plan.primitive.execute(s.stream, args);
     for (auto &o : plan.operands)
         if (o.reorders && o.output) o.reorder.execute(s.stream, o.inner, o.user);
+    if (plan.postlude) execute(*plan.postlude, slots);
 }
 
-int64_t element_count(int ndims, const int64_t *shape) {
-    int64_t count = 1;
-    for (int d = 0; d < ndims; ++d) count *= shape[d];
-    return count;
-}
-
-// Inf or NaN, from a float32's bits: the exponent all ones.
-bool inf_or_nan(uint32_t bits) { return (bits & 0x7f800000u) == 0x7f800000u; }
-
-// add_relu: y = max(y + residual, 0) after the normalization wrote y.
-void add_relu_forward(void **slots, const int64_t *x) {
-    auto *y = static_cast<float *>(slots[norm::kY]);
-    const auto *residual = static_cast<const float *>(slots[norm::kResidual]);
-    const int64_t count = element_count(4, x);
-#pragma omp parallel for simd if (count > (1 << 14))
-    for (int64_t i = 0; i < count; ++i) y[i] = std::max(y[i] + residual[i], 0.f);
-}
-
-// Before the normalization's backward: with add_relu, dresidual = dy where the output passed the
-// ReLU, else 0 (the normalization's backward then reads it as its dy); otherwise dresidual is the
-// gradient of a stand-in, zeros.
-void residual_backward(void **slots, const int64_t *x, const int64_t *residual_shape, int residual_ndims, bool add) {
-    auto *dresidual = static_cast<float *>(slots[norm::kDresidual]);
-    if (!add) {
-        std::fill(dresidual, dresidual + element_count(residual_ndims, residual_shape), 0.f);
-        return;
-    }
-    const auto *dy = static_cast<const float *>(slots[1]), *y = static_cast<const float *>(slots[norm::kBackY]);
-    const int64_t count = element_count(4, x);
-#pragma omp parallel for simd if (count > (1 << 14))
-    for (int64_t i = 0; i < count; ++i) dresidual[i] = y[i] > 0.f ? dy[i] : 0.f;
+// Without the residual addition the normalization's backward writes zeros as the gradient of the
+// residual's stand-in (with it, the plan's prelude writes dresidual).
+void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const char *dtype) {
+    const size_t bytes = element_count(ndims, shape) * (data_type(dtype) == dt::bf16 ? 2 : 4);
+    std::memset(slots[norm::kDresidual], 0, bytes);
 }
 
 // The forward's in-place update of the moving statistics from the batch's (see NormParams).
@@ -389,20 +426,27 @@ bool check(bool ok, const std::string &message) {
     return ok;
 }
 
+// The parameters and workspace of their types; every other argument float32 or bfloat16 (which
+// combinations of those a primitive takes is oneDNN's to say).
 bool dtypes_are(int nparam, const char **dtypes, int params_slot, const char *params_dtype, int bytes_slot) {
     for (int i = 0; i < nparam; ++i) {
-        const char *wanted = i == params_slot ? params_dtype : i == bytes_slot ? "uint8" : "float32";
-        if (!check(std::strcmp(dtypes[i], wanted) == 0,
-                   "argument " + std::to_string(i) + " is " + dtypes[i] + ", not " + wanted))
+        const std::string type = dtypes[i];
+        const bool ok = i == params_slot ? type == params_dtype : i == bytes_slot ? type == "uint8"
+                                                                                 : type == "float32" || type == "bfloat16";
+        if (!check(ok, "argument " + std::to_string(i) + " is " + type + ", not " +
+                           (i == params_slot ? params_dtype : i == bytes_slot ? "uint8" : "float32 or bfloat16")))
             return false;
     }
     return true;
 }
 
-std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const void *params, size_t size) {
+std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const char **dtypes, const void *params,
+                   size_t size) {
     std::string key = std::to_string(kind);
-    for (int i = 0; i < nparam; ++i)
-        for (int d = 0; d < ndims[i]; ++d) key += (d ? "," : ";") + std::to_string(shapes[i][d]);
+    for (int i = 0; i < nparam; ++i) {
+        key += std::string(";") + dtypes[i];
+        for (int d = 0; d < ndims[i]; ++d) key += "," + std::to_string(shapes[i][d]);
+    }
     key.append(static_cast<const char *>(params), size);
     return key;
 }
@@ -438,7 +482,7 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
         std::lock_guard<std::mutex> guard(s.lock);
         if (g_threads > 0) omp_set_num_threads(g_threads);
         const void *raw = params_slot >= 0 ? params[params_slot] : "";
-        auto &plan = s.plans[key_of(kind, nparam, ndims, shapes, raw, params_size)];
+        auto &plan = s.plans[key_of(kind, nparam, ndims, shapes, dtypes, raw, params_size)];
         if (!plan) {
             const int out = nparam - 1;
             if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
@@ -449,27 +493,30 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
                 auto y = dims_of(kind == kConvForward ? shapes[out] : kind == kConvBackwardData ? shapes[0]
                                                                                                 : shapes[1], 4);
                 if (p.pad_top < 0) same_padding(p, x, w);
-                plan = conv_plan(kind, x, w, y, p);
+                // the x and y (or dx and dy) arguments, whose types the user descriptors take
+                const int x_slot = kind == kConvBackwardData ? 4 : 0;
+                const int y_slot = kind == kConvForward ? 3 : kind == kConvBackwardData ? 0 : 1;
+                plan = conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]));
             } else if (kind == kNormForward || kind == kNormBackward) {
                 NormParams p;
                 std::memcpy(&p, raw, sizeof(p));
-                plan = norm_plan(kind, dims_of(shapes[0], 4), p, workspace_bytes);
+                plan = norm_plan(kind, dims_of(shapes[0], 4), p, workspace_bytes, data_type(dtypes[0]));
             } else if (kind == kPoolForward || kind == kPoolBackward) {
                 PoolParams p;
                 std::memcpy(&p, raw, sizeof(p));
                 plan = pool_plan(kind, dims_of(shapes[0], 4), dims_of(kind == kPoolForward ? shapes[out] : shapes[1], 4),
-                                 p);
+                                 p, data_type(dtypes[0]));
+            } else if (kind == kSum) {
+                plan = sum_plan(element_count(ndims[0], shapes[0]), data_type(dtypes[0]));
             } else {
-                plan = reorder_plan(kind, dims_of(shapes[0], 4));
+                plan = reorder_plan(kind, dims_of(shapes[0], 4), data_type(dtypes[0]), data_type(dtypes[1]));
             }
         }
-        const bool add_relu = (kind == kNormForward || kind == kNormBackward) &&
-                              static_cast<const NormParams *>(raw)->activation == 2.f;
-        if (kind == kNormBackward)
-            residual_backward(params, shapes[0], shapes[norm::kBackResidual], ndims[norm::kBackResidual], add_relu);
+        if (kind == kNormBackward && static_cast<const NormParams *>(raw)->activation != 2.f)
+            zero_stand_in_gradient(params, shapes[norm::kBackResidual], ndims[norm::kBackResidual],
+                                   dtypes[norm::kBackResidual]);
         execute(*plan, params);
         s.stream.wait();
-        if (add_relu && kind == kNormForward) add_relu_forward(params, shapes[0]);
         if (kind == kNormForward) move_statistics(params, shapes[0], *static_cast<const NormParams *>(raw));
         return 0;
     } catch (const dnnl::error &e) {
@@ -478,6 +525,29 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
         g_error = e.what();
     }
     return 1;
+}
+
+// Two copies of one float32 or bfloat16 tensor (slots x=0, copies 1 and 2): a tensor two layers
+// read, each from its own copy, so that MindSpore need not sum the two gradients (its CPU sum of
+// gradients, AddN, has no bfloat16 kernel); kSum is the backward.
+int fork_copies(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    const std::string type = dtypes[0];
+    if (!check(nparam == 3 && (type == "float32" || type == "bfloat16") && type == dtypes[1] && type == dtypes[2],
+               "Fork takes one float32 or bfloat16 tensor and returns two of its type"))
+        return 1;
+    const int64_t bytes = element_count(ndims[0], shapes[0]) * (type == "bfloat16" ? 2 : 4);
+    const char *x = static_cast<const char *>(params[0]);
+    char *a = static_cast<char *>(params[1]), *b = static_cast<char *>(params[2]);
+    constexpr int64_t chunk = 1 << 16;
+    const int64_t chunks = (bytes + chunk - 1) / chunk;
+    if (g_threads > 0) omp_set_num_threads(g_threads);
+#pragma omp parallel for if (chunks > 4)
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t begin = c * chunk, size = std::min(chunk, bytes - begin);
+        std::memcpy(a + begin, x + begin, size);
+        std::memcpy(b + begin, x + begin, size);
+    }
+    return 0;
 }
 
 // 1.0 when every element of every float32 input is finite, else 0.0 (the last argument, one float):
@@ -552,6 +622,11 @@ KERNEL(PoolForward, kPoolForward)
 KERNEL(PoolBackward, kPoolBackward)
 KERNEL(ToPlain, kToPlain)
 KERNEL(ToBlocked, kToBlocked)
+KERNEL(Sum, kSum)
+
+EXPORT int Fork(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+    return fork_copies(nparam, params, ndims, shapes, dtypes);
+}
 
 EXPORT int AllFinite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
     return all_finite(nparam, params, ndims, shapes, dtypes);
