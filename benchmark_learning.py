@@ -30,6 +30,8 @@ RECIPES = {
     "plain": [],
     "full": ["--auto_augment", "ta_wide", "--random_erase", "0.1", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0",
              "--use_label_smooth", "True", "--label_smooth_factor", "0.1"],
+    # the plain recipe in mixed precision: bfloat16 layers on CPUs with AMX (else it stays float32)
+    "plain_amp": ["--amp_level", "O2"],
 }
 
 
@@ -114,7 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "default: this one)")
     parser.add_argument("--data_path", default="", help="CIFAR-10 binary folder (default: the digits, written "
                         "to a temporary folder)")
-    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--recipes", nargs="+", default=["plain", "full"], choices=list(RECIPES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--net", default="resnet18")

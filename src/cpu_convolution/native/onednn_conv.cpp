@@ -1,8 +1,9 @@
 // ResNet's layers for MindSpore's CPU backend through a private oneDNN, as `ops.Custom(func_type="aot")`
 // kernels on float32 or bfloat16 tensors: convolution (forward, backward-data, backward-weights), batch
 // normalization with the ReLU or residual addition after it (forward, backward), max pooling
-// (forward, backward), the reorders between MindSpore's NCHW and oneDNN's blocked layout, and the
-// training step's pass over its gradients (the loss scale divided out, the finiteness check).
+// (forward, backward), the reorders between MindSpore's NCHW and oneDNN's blocked layout, two copies
+// of a tensor two layers read (and the sum of their gradients), and the training step's pass over
+// its gradients (the loss scale divided out, the finiteness check).
 //
 // MindSpore's own CPU convolutions hand oneDNN plain NCHW descriptors, so oneDNN never picks its
 // blocked layouts (and, above AVX2, falls into a reference kernel). Here convolution primitives are
@@ -431,8 +432,9 @@ bool check(bool ok, const std::string &message) {
 bool dtypes_are(int nparam, const char **dtypes, int params_slot, const char *params_dtype, int bytes_slot) {
     for (int i = 0; i < nparam; ++i) {
         const std::string type = dtypes[i];
-        const bool ok = i == params_slot ? type == params_dtype : i == bytes_slot ? type == "uint8"
-                                                                                 : type == "float32" || type == "bfloat16";
+        const bool ok = i == params_slot  ? type == params_dtype
+                        : i == bytes_slot ? type == "uint8"
+                                          : type == "float32" || type == "bfloat16";
         if (!check(ok, "argument " + std::to_string(i) + " is " + type + ", not " +
                            (i == params_slot ? params_dtype : i == bytes_slot ? "uint8" : "float32 or bfloat16")))
             return false;
@@ -478,6 +480,15 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
         if (!dtypes_are(nparam, dtypes, params_slot, params_dtype, workspace_slot)) return 1;
         const int64_t workspace_bytes =
             workspace_slot >= 0 ? element_count(ndims[workspace_slot], shapes[workspace_slot]) : 0;
+        const bool normalizes = kind == kNormForward || kind == kNormBackward;
+        const bool adds_residual = normalizes && static_cast<const NormParams *>(params[5])->activation == 2.f;
+        if (adds_residual) {
+            const int residual = kind == kNormForward ? norm::kResidual : norm::kBackResidual;
+            if (!check(element_count(ndims[residual], shapes[residual]) == element_count(ndims[0], shapes[0]) &&
+                           std::strcmp(dtypes[residual], dtypes[0]) == 0,
+                       "the residual added after the normalization is not of its input's shape and type"))
+                return 1;
+        }
         auto &s = state();
         std::lock_guard<std::mutex> guard(s.lock);
         if (g_threads > 0) omp_set_num_threads(g_threads);
