@@ -104,9 +104,12 @@ def supported(cell: nn.Cell) -> bool:
 
 class OneDnnConv2d(nn.Conv2d):
     """A Conv2d whose three kernels are this package's. Inputs of another float type (amp) are
-    computed in float32 and returned in their own type."""
+    computed in float32 and returned in their own type; between blocked layers (`onednn_blocked`,
+    a constant of the graph) the tensors are in the types the layers hand each other, uncast."""
 
     def construct(self, x):
+        if self.onednn_blocked:
+            return self.onednn(x, self.weight, self.onednn_params)
         dtype = x.dtype
         y = self.onednn(ops.cast(x, mstype.float32), ops.cast(self.weight, mstype.float32), self.onednn_params)
         y = ops.cast(y, dtype)
@@ -115,20 +118,13 @@ class OneDnnConv2d(nn.Conv2d):
         return y
 
 
-class BlockedConv2d(OneDnnConv2d):
-    """A convolution between blocked layers: its input and output are in the types the layers hand
-    each other (use_onednn_layers), so nothing is cast."""
-
-    def construct(self, x):
-        return self.onednn(x, self.weight, self.onednn_params)
-
-
 def _swap_convolution(cell: nn.Conv2d, *, bf16: bool, input_gradient: bool, layout: int = 0,
                       output_dtype: str = "") -> None:
     params = convolution_params(cell, bf16, layout)
     cell.onednn = convolution_ops(params, tuple(cell.kernel_size), input_gradient, output_dtype)
     cell.onednn_params = Tensor(np.array(params, np.int32))
-    cell.__class__ = BlockedConv2d if layout else OneDnnConv2d
+    cell.onednn_blocked = bool(layout)
+    cell.__class__ = OneDnnConv2d
 
 
 def use_onednn_convolutions(net: nn.Cell, *, bf16: bool = False, image_gradient: bool = False) -> int:
