@@ -40,22 +40,17 @@ def _first_dtype(*dtypes):
     return dtypes[0]
 
 
-def _dtype_of_input(index: int):
-    def dtype(*dtypes):
-        return dtypes[index]
-    return dtype
-
-
 def _fixed_dtype(name: str):
     def dtype(*dtypes):
         return getattr(mstype, name)
     return dtype
 
 
-def _shape_of_input(index: int):
-    def shape(*shapes):
-        return shapes[index]
-    return shape
+def _of_input(index: int):
+    """out_shape or out_dtype: the shape or type of input `index`."""
+    def of_input(*shapes_or_dtypes):
+        return shapes_or_dtypes[index]
+    return of_input
 
 
 def _output_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
@@ -76,8 +71,8 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
         return [x[0], w[0], _output_size(x[2], kernel[0], stride_h, top + bottom, dilation_h),
                 _output_size(x[3], kernel[1], stride_w, left + right, dilation_w)]
 
-    backward_data = _aot("ConvBackwardData", _shape_of_input(3), _dtype_of_input(3))
-    backward_weights = _aot("ConvBackwardWeights", _shape_of_input(3), _dtype_of_input(3))
+    backward_data = _aot("ConvBackwardData", _of_input(3), _of_input(3))
+    backward_weights = _aot("ConvBackwardWeights", _of_input(3), _of_input(3))
 
     def bprop(x, w, p, out, dout):
         dx = backward_data(dout, w, p, x) if input_gradient else ops.zeros_like(x)
@@ -257,7 +252,7 @@ class OneDnnBatchNorm2d(nn.BatchNorm2d):
                                   self.onednn_global_params, extra)[0]
 
 
-def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none", dtype=mstype.float32) -> None:
+def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none", dtype: mstype.Type = mstype.float32) -> None:
     cell.onednn_batch, cell.onednn_global = batch_norm_ops(False), batch_norm_ops(True)
     cell.onednn_stand_in = Tensor(np.zeros(4, np.float32), dtype)
     # onednn_conv.cpp's NormParams: epsilon, global_stats, momentum (0: the statistics stay), activation
@@ -274,7 +269,7 @@ def max_pool_ops(kernel: int, stride: int, pad: int) -> ops.Custom:
         return [x[0], x[1], _output_size(x[2], kernel, stride, 2 * pad, 1),
                 _output_size(x[3], kernel, stride, 2 * pad, 1)]
 
-    backward = _aot("PoolBackward", _shape_of_input(0), _first_dtype)
+    backward = _aot("PoolBackward", _of_input(0), _first_dtype)
 
     def bprop(x, params, out, dout):
         return backward(x, dout, params), ops.zeros_like(params)
@@ -294,12 +289,12 @@ class OneDnnMaxPool(nn.SequentialCell):
 def to_plain_op(blocked_dtype: str) -> ops.Custom:
     """Blocked (of `blocked_dtype`, a mindspore.dtype name) -> NCHW float32; its gradient is the
     reorder back."""
-    to_blocked = _aot("ToBlocked", _shape_of_input(0), blocked_dtype)
+    to_blocked = _aot("ToBlocked", _of_input(0), blocked_dtype)
 
     def bprop(x, out, dout):
         return (to_blocked(dout),)
 
-    return _aot("ToPlain", _shape_of_input(0), "float32", bprop)
+    return _aot("ToPlain", _of_input(0), "float32", bprop)
 
 
 class BlockedToPlain(nn.Cell):
@@ -313,23 +308,19 @@ class BlockedToPlain(nn.Cell):
         return self.reorder(x)
 
 
-def _pair_of_shapes(x):
-    return x, x
-
-
-def _pair_of_dtypes(x):
+def _twice(x):  # the outputs' shapes or types: the input's, twice
     return x, x
 
 
 @functools.lru_cache(maxsize=None)
 def fork_op() -> ops.Custom:
     """x -> two copies of x; the gradient is the sum of the two copies' gradients."""
-    total = _aot("Sum", _shape_of_input(0), _first_dtype)
+    total = _aot("Sum", _of_input(0), _first_dtype)
 
     def bprop(x, out, dout):
         return (total(dout[0], dout[1]),)
 
-    return _aot("Fork", _pair_of_shapes, _pair_of_dtypes, bprop)
+    return _aot("Fork", _twice, _twice, bprop)
 
 
 class InputFork(nn.Cell):
@@ -362,7 +353,7 @@ def _blockable(net: nn.Cell) -> bool:
             and all(n.num_features % BLOCK == 0 for n in norms) and not any(c.has_bias for c in convolutions))
 
 
-def _hand_activations_to_norms(cell: nn.Cell, dtype) -> None:
+def _hand_activations_to_norms(cell: nn.Cell, dtype: mstype.Type) -> None:
     """A block (or stem) whose `norm_activations` name BatchNorms now running here: those compute
     the ReLU (and residual addition) that follows them, and the block's `norms_activate` says so.
     Saves MindSpore's element-wise passes over the tensor, forward and backward."""
