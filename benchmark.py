@@ -952,6 +952,12 @@ def _ratios(report: Dict) -> Dict[str, float]:
             for label in [k for k in ms_result if k.startswith("eval_batch_")]:
                 ratios[f"{label}_{name}_over_{base}"] = round(
                     report[name][label]["img_per_s"] / report[base][label]["img_per_s"], 3)
+    if "ours_bf16" in report and "torch_bf16" in report:  # bfloat16 beside bfloat16
+        ratios["train_ours_bf16_over_torch_bf16"] = round(
+            report["ours_bf16"]["train_compute_img_per_s"] / report["torch_bf16"]["train_compute_img_per_s"], 3)
+        for label in [k for k in ms_result if k.startswith("eval_batch_")]:
+            ratios[f"{label}_ours_bf16_over_torch_bf16"] = round(
+                report["ours_bf16"][label]["img_per_s"] / report["torch_bf16"][label]["img_per_s"], 3)
     for path in ("onnxruntime", "onnxruntime_int8", "onnxruntime_pixels"):
         for label in [k for k in report.get(path, {}) if k.startswith("eval_batch_")]:
             others = ("onnxruntime", "onnxruntime_hostnorm") if path == "onnxruntime_pixels" else \
@@ -1016,6 +1022,10 @@ def _cpu_path_rows(r: Dict) -> List[str]:
     for name in paths:
         lines.append(f"  {LABELS[name]:<28}{cell(name, 'train', r[name]['train_compute_img_per_s']):>20}"
                      + "".join(f"{cell(name, label, r[name][label]['img_per_s']):>26}" for label in evals))
+    if "train_ours_bf16_over_torch_bf16" in r["ratios"]:
+        lines.append(f"  {LABELS['ours_bf16']} over {LABELS['torch_bf16']}: " + ", ".join(
+            f"{label.replace('_', ' ')} {r['ratios'][f'{label}_ours_bf16_over_torch_bf16']:.2f}x"
+            for label in ["train", *evals]))
     for name, parts in r.get("breakdown_ms", {}).items():
         lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(f"{part} {value:.0f} ms"
                                                                          for part, value in parts.items()))

@@ -42,6 +42,10 @@ def test_benchmark_writes_every_field(tmp_path):
     assert all(report[path]["train_compute_img_per_s"] > 0 for path in paths)
     cpu_ratios = {f"{measure}_{path}_over_{base}" for measure in ("train", "eval_batch_1", "eval_batch_2")
                   for base in ("torch", "torch_cl") for path in paths if path != base}
+    if "ours_bf16" in paths and "torch_bf16" in paths:  # bfloat16 beside bfloat16
+        cpu_ratios |= {f"{measure}_ours_bf16_over_torch_bf16" for measure in ("train", "eval_batch_1", "eval_batch_2")}
+        assert report["ratios"]["eval_batch_2_ours_bf16_over_torch_bf16"] == round(
+            report["ours_bf16"]["eval_batch_2"]["img_per_s"] / report["torch_bf16"]["eval_batch_2"]["img_per_s"], 3)
     assert report["ratios"]["train_ours_over_torch"] == round(
         report["ours"]["train_compute_img_per_s"] / report["torch"]["train_compute_img_per_s"], 3)
     assert set(report["breakdown_ms"]) == {path for path in paths if not path.startswith("torch")}
