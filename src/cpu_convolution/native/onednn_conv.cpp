@@ -56,8 +56,8 @@ struct NormParams {
     // What follows the normalization in the same kernel: a ResNet block's ReLU (oneDNN's
     // fuse_norm_relu: the forward writes a workspace of which elements passed, the backward reads
     // it), or its residual addition and ReLU (oneDNN 3.2's CPU normalizations do not fuse the
-    // addition: a pass of ours after the forward, and one before the backward that masks dy by the
-    // output and is the residual's gradient).
+    // addition: oneDNN's binary addition with a ReLU after the forward, and its ReLU backward on the
+    // output before the backward, which masks dy and is the residual's gradient).
     float activation;  // 0: none, 1: ReLU, 2: add the residual, then ReLU
 };
 
@@ -295,7 +295,7 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
             engine, dnnl::prop_kind::backward, data, data, data, p.epsilon, flags, forward, attr);
         plan->primitive = dnnl::batch_normalization_backward(backward);
         plan->operands = {operand(DNNL_ARG_SRC, 0, false, data, backward.src_desc()),
-                          // with the residual: dy masked by the output, written by residual_backward
+                          // with the residual: dy masked by the output, written by the prelude
                           operand(DNNL_ARG_DIFF_DST, add ? norm::kDresidual : 1, false, data,
                                   backward.diff_dst_desc()),
                           operand(DNNL_ARG_MEAN, 2, false, channel, channel),
