@@ -338,6 +338,7 @@ def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSch
     """The training step around `net`: the input stage, loss, mixed precision, loss scaling,
     accumulation, clipping, optimizer and the EMA `ema` (None: off)."""
     amp_level = network_amp_level(cfg, net)
+    ours = uses_onednn(net)  # our kernels check (and unscale) the gradients in one pass
     loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
     loss = create_loss(num_classes=cfg.class_num,
                        label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
@@ -351,8 +352,8 @@ def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSch
                      scale_update=loss_scale_manager.get_update_cell() if loss_scale_manager else None,
                      accumulation_steps=cfg.grad_accumulation_steps, micro_batch=cfg.batch_size,
                      clip_grad_norm=cfg.clip_grad_norm, ema=ema,
-                     all_finite=all_finite_op() if uses_onednn(net) else None,
-                     unscale_all_finite=unscale_all_finite_op() if uses_onednn(net) else None)
+                     all_finite=all_finite_op() if ours else None,
+                     unscale_all_finite=unscale_all_finite_op() if ours else None)
 
 
 def check_boost_mode(boost_mode: str) -> str:

@@ -36,10 +36,6 @@ def _aot(name: str, out_shape, out_dtype, bprop=None) -> ops.Custom:
     return op
 
 
-def _first_dtype(*dtypes):
-    return dtypes[0]
-
-
 def _fixed_dtype(name: str):
     def dtype(*dtypes):
         return getattr(mstype, name)
@@ -78,7 +74,7 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
         dx = backward_data(dout, w, p, x) if input_gradient else ops.zeros_like(x)
         return dx, backward_weights(x, dout, p, w), ops.zeros_like(p)
 
-    return _aot("ConvForward", forward_shape, output_dtype or _first_dtype, bprop)
+    return _aot("ConvForward", forward_shape, output_dtype or _of_input(0), bprop)
 
 
 def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0) -> Tuple[int, ...]:
@@ -269,12 +265,12 @@ def max_pool_ops(kernel: int, stride: int, pad: int) -> ops.Custom:
         return [x[0], x[1], _output_size(x[2], kernel, stride, 2 * pad, 1),
                 _output_size(x[3], kernel, stride, 2 * pad, 1)]
 
-    backward = _aot("PoolBackward", _of_input(0), _first_dtype)
+    backward = _aot("PoolBackward", _of_input(0), _of_input(0))
 
     def bprop(x, params, out, dout):
         return backward(x, dout, params), ops.zeros_like(params)
 
-    return _aot("PoolForward", out_shape, _first_dtype, bprop)
+    return _aot("PoolForward", out_shape, _of_input(0), bprop)
 
 
 class OneDnnMaxPool(nn.SequentialCell):
@@ -315,7 +311,7 @@ def _twice(x):  # the outputs' shapes or types: the input's, twice
 @functools.lru_cache(maxsize=None)
 def fork_op() -> ops.Custom:
     """x -> two copies of x; the gradient is the sum of the two copies' gradients."""
-    total = _aot("Sum", _of_input(0), _first_dtype)
+    total = _aot("Sum", _of_input(0), _of_input(0))
 
     def bprop(x, out, dout):
         return (total(dout[0], dout[1]),)

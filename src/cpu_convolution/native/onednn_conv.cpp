@@ -137,6 +137,9 @@ bool inf_or_nan(uint32_t bits) { return (bits & 0x7f800000u) == 0x7f800000u; }
 
 dt data_type(const char *name) { return std::strcmp(name, "bfloat16") == 0 ? dt::bf16 : dt::f32; }
 
+// Bytes per element of a float32 or bfloat16 tensor.
+int64_t element_size(const char *name) { return data_type(name) == dt::bf16 ? 2 : 4; }
+
 // An activation as a kernel's parameters say it is laid out (see the header).
 memory::desc activation(const memory::dims &shape, dt type, bool blocked) {
     return memory::desc(shape, type, !blocked ? tag::nchw : type == dt::bf16 ? tag::acdb : tag::aBcd16b);
@@ -404,8 +407,7 @@ void execute(Plan &plan, void **slots) {
 // Without the residual addition the normalization's backward writes zeros as the gradient of the
 // residual's stand-in (with it, the plan's prelude writes dresidual).
 void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const char *dtype) {
-    const size_t bytes = element_count(ndims, shape) * (data_type(dtype) == dt::bf16 ? 2 : 4);
-    std::memset(slots[norm::kDresidual], 0, bytes);
+    std::memset(slots[norm::kDresidual], 0, element_count(ndims, shape) * element_size(dtype));
 }
 
 // The forward's in-place update of the moving statistics from the batch's (see NormParams).
@@ -474,14 +476,14 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
                        std::to_string(params_size / 4)))
             return 1;
         // The normalizations' workspace (uint8), when they apply an activation.
+        const bool normalizes = kind == kNormForward || kind == kNormBackward;
         int workspace_slot = -1;
-        if (kind == kNormForward || kind == kNormBackward)
-            workspace_slot = kind == kNormForward ? norm::kWorkspace : norm::kBackWorkspace;
+        if (normalizes) workspace_slot = kind == kNormForward ? norm::kWorkspace : norm::kBackWorkspace;
         if (!dtypes_are(nparam, dtypes, params_slot, params_dtype, workspace_slot)) return 1;
         const int64_t workspace_bytes =
             workspace_slot >= 0 ? element_count(ndims[workspace_slot], shapes[workspace_slot]) : 0;
-        const bool normalizes = kind == kNormForward || kind == kNormBackward;
-        const bool adds_residual = normalizes && static_cast<const NormParams *>(params[5])->activation == 2.f;
+        const bool adds_residual =
+            normalizes && static_cast<const NormParams *>(params[params_slot])->activation == 2.f;
         if (adds_residual) {
             const int residual = kind == kNormForward ? norm::kResidual : norm::kBackResidual;
             if (!check(element_count(ndims[residual], shapes[residual]) == element_count(ndims[0], shapes[0]) &&
@@ -508,7 +510,7 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
                 const int x_slot = kind == kConvBackwardData ? 4 : 0;
                 const int y_slot = kind == kConvForward ? 3 : kind == kConvBackwardData ? 0 : 1;
                 plan = conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]));
-            } else if (kind == kNormForward || kind == kNormBackward) {
+            } else if (normalizes) {
                 NormParams p;
                 std::memcpy(&p, raw, sizeof(p));
                 plan = norm_plan(kind, dims_of(shapes[0], 4), p, workspace_bytes, data_type(dtypes[0]));
@@ -523,7 +525,7 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
                 plan = reorder_plan(kind, dims_of(shapes[0], 4), data_type(dtypes[0]), data_type(dtypes[1]));
             }
         }
-        if (kind == kNormBackward && static_cast<const NormParams *>(raw)->activation != 2.f)
+        if (kind == kNormBackward && !adds_residual)
             zero_stand_in_gradient(params, shapes[norm::kBackResidual], ndims[norm::kBackResidual],
                                    dtypes[norm::kBackResidual]);
         execute(*plan, params);
@@ -546,7 +548,7 @@ int fork_copies(int nparam, void **params, int *ndims, int64_t **shapes, const c
     if (!check(nparam == 3 && (type == "float32" || type == "bfloat16") && type == dtypes[1] && type == dtypes[2],
                "Fork takes one float32 or bfloat16 tensor and returns two of its type"))
         return 1;
-    const int64_t bytes = element_count(ndims[0], shapes[0]) * (type == "bfloat16" ? 2 : 4);
+    const int64_t bytes = element_count(ndims[0], shapes[0]) * element_size(dtypes[0]);
     const char *x = static_cast<const char *>(params[0]);
     char *a = static_cast<char *>(params[1]), *b = static_cast<char *>(params[2]);
     constexpr int64_t chunk = 1 << 16;
