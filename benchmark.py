@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -788,12 +788,12 @@ def measure_breakdown(worker: str, net_name: str, batch: int, size: int, args: a
     return step_breakdown(result.stdout)
 
 
-def compute_paths(vs_torch: bool) -> List[str]:
+def compute_paths(vs_torch: bool, cpu_features: Optional[Set[str]] = None) -> List[str]:
     """The workers to measure: MindSpore's convolutions, ours where they are built (in bfloat16 too
     where the CPU has AMX), and with --vs-torch PyTorch's NCHW, channels_last and (where the CPU has
-    bfloat16 instructions) bf16 autocast."""
+    bfloat16 instructions) bf16 autocast. `cpu_features` stands in for this CPU's flags."""
     from src.cpu_convolution import cpu_flags, unavailable_reason
-    flags = cpu_flags()
+    flags = cpu_flags() if cpu_features is None else cpu_features
     paths = ["mindspore"]
     reason = unavailable_reason()
     if reason:

@@ -6,7 +6,7 @@ import pytest
 
 import benchmark
 from conftest import PYTHON, run
-from src.cpu_convolution import cpu_flags
+from src.cpu_convolution import unavailable_reason
 from src.errors import UserInputError
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
@@ -36,9 +36,8 @@ def test_benchmark_writes_every_field(tmp_path):
     assert set(report["pipeline_img_per_s"]) == {"cifar10", "imagenet2012"}
     # The CPU paths: MindSpore's convolutions, ours (bf16 too on AMX), PyTorch NCHW, channels_last
     # and bf16 autocast (where the CPU has bf16), each training step's breakdown, the CPU model.
-    flags = cpu_flags()
-    paths = ["mindspore", "ours"] + (["ours_bf16"] if "amx_bf16" in flags else []) + ["torch", "torch_cl"] + (
-        ["torch_bf16"] if flags & {"avx512_bf16", "amx_bf16"} else [])
+    paths = benchmark.compute_paths(vs_torch=True)
+    assert paths[:2] == ["mindspore", "ours"]
     assert all(report[path]["train_compute_img_per_s"] > 0 for path in paths)
     cpu_ratios = {f"{measure}_{path}_over_{base}" for measure in ("train", "eval_batch_1", "eval_batch_2")
                   for base in ("torch", "torch_cl") for path in paths if path != base}
@@ -102,6 +101,19 @@ def test_benchmark_writes_every_field(tmp_path):
     card = pipelines["cores_per_card"]
     assert card["card_img_per_s"] == 2170
     assert card["real_photos"] == round(2170 / rows[0]["real"]["ours_train"]["img_per_s"], 1)
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
+@pytest.mark.parametrize("features, bf16_paths", [
+    ({"avx512f", "avx512_bf16", "amx_bf16"}, ["ours_bf16", "torch_bf16"]),
+    ({"avx512f", "avx512_bf16"}, ["torch_bf16"]),
+    ({"avx2"}, []),
+])
+def test_the_measured_paths_follow_the_cpu(features, bf16_paths):
+    paths = benchmark.compute_paths(vs_torch=True, cpu_features=features)
+    assert [path for path in paths if "bf16" in path] == bf16_paths
+    assert {"mindspore", "ours", "torch", "torch_cl"} <= set(paths)
+    assert "torch" not in benchmark.compute_paths(vs_torch=False, cpu_features=features)
 
 
 def test_a_bad_argument_is_one_line_and_exit_2(tmp_path):

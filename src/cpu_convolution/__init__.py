@@ -50,11 +50,13 @@ def cpu_has_amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0",
-                        optimizer: str = "Momentum") -> Tuple[str, Optional[str]]:
+                        optimizer: str = "Momentum",
+                        cpu_features: Optional[Set[str]] = None) -> Tuple[str, Optional[str]]:
     """The implementation for `cpu_convolution` (one of IMPLEMENTATIONS) and a line for the log
     (None when there is nothing to say). Only CPU uses ours; `onednn` where it cannot run is an error,
     `auto` then falls back to MindSpore's and says why. With amp on (amp_level != O0) ours computes
-    in bfloat16 on CPUs with AMX, else stays float32."""
+    in bfloat16 on CPUs with AMX, else stays float32. `cpu_features` stands in for this CPU's flags
+    (tests force the other branch with it)."""
     if choice not in CPU_CONVOLUTIONS:
         raise UserInputError(f"unknown cpu_convolution '{choice}'; choose one of {', '.join(CPU_CONVOLUTIONS)}")
     if device_target != "CPU" or choice == "mindspore":
@@ -69,7 +71,7 @@ def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0
         return "mindspore", f"cpu_convolution auto: MindSpore's CPU convolutions, because {reason}"
     if amp_level == "O0":
         return "onednn", None
-    if cpu_has_amx_bf16():
+    if "amx_bf16" in (cpu_flags() if cpu_features is None else cpu_features):
         return "onednn-bf16", (f"amp_level {amp_level} on CPU: the layers compute in bfloat16 (AMX) and hand each "
                                f"other bfloat16 tensors; the weights, their gradients and the head stay float32")
     return "onednn", (f"amp_level {amp_level} on CPU: the network stays float32 (this CPU has no AMX, "
