@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from src.cpu import cpu_model
 from src.data.host_stage import host_normalize, normalization_of
 from src.errors import OneLineParser, UserInputError, run_cli
 from src.openmp import set_openmp_environment
@@ -792,7 +793,8 @@ def compute_paths(vs_torch: bool, cpu_features: Optional[Set[str]] = None) -> Li
     """The workers to measure: MindSpore's convolutions, ours where they are built (in bfloat16 too
     where the CPU has AMX), and with --vs-torch PyTorch's NCHW, channels_last and (where the CPU has
     bfloat16 instructions) bf16 autocast. `cpu_features` stands in for this CPU's flags."""
-    from src.cpu_convolution import cpu_flags, unavailable_reason
+    from src.cpu import cpu_flags
+    from src.cpu_convolution import unavailable_reason
     flags = cpu_flags() if cpu_features is None else cpu_features
     paths = ["mindspore"]
     reason = unavailable_reason()
@@ -803,16 +805,6 @@ def compute_paths(vs_torch: bool, cpu_features: Optional[Set[str]] = None) -> Li
     if vs_torch:
         paths += ["torch", "torch_cl"] + (["torch_bf16"] if flags & {"avx512_bf16", "amx_bf16"} else [])
     return paths
-
-
-def cpu_model() -> str:
-    """lscpu's model name (timings and even ratios move with the CPU)."""
-    try:
-        output = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return "unknown (no lscpu)"
-    return next((line.split(":", 1)[1].strip() for line in output.splitlines() if line.startswith("Model name")),
-                "unknown")
 
 
 class Worker:

@@ -4,19 +4,23 @@ from typing import Optional, Tuple
 
 import mindspore as ms
 
+from src.cpu import is_x86
 from src.errors import UserInputError
 
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 MODES = {"GRAPH": ms.GRAPH_MODE, "PYNATIVE": ms.PYNATIVE_MODE}
 
 
-def prefer_fast_cpu_convolutions() -> str:
-    """Cap oneDNN at AVX2 unless the user chose an ISA.
+def prefer_fast_cpu_convolutions(machine_name: Optional[str] = None) -> Optional[str]:
+    """Cap oneDNN at AVX2 on x86 unless the user chose an ISA (nothing elsewhere: the cap names an
+    x86 instruction set, and `machine_name` stands in for this machine's architecture).
 
     With AVX-512 available, oneDNN runs MindSpore's NCHW 3x3 convolutions through its
     `jit_uni_ncsp:conv+ref` path, tens of times slower than the `gemm:jit` path it picks under
     AVX2. oneDNN reads the variable when it creates its first primitive, so this must run
-    before the first CPU op. Returns the value in force."""
+    before the first CPU op. Returns the value in force (None where none applies)."""
+    if not is_x86(machine_name):
+        return None
     return os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 

@@ -1,6 +1,7 @@
 """Shared fixtures: the repository on sys.path, fast CPU convolutions, small generated datasets."""
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import resource
@@ -16,6 +17,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+# The PyTorch-side tests (conversion, parity, references) need its CPU-only build, which the index
+# has for x86_64 alone: requirements-dev.txt installs none on aarch64, and those tests skip there.
+NO_TORCH = "PyTorch is not installed (requirements-dev.txt installs its CPU-only build on x86_64 only)"
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason=NO_TORCH)
 # curves.png (and train_parity.py's loss.png) cost about a second of matplotlib a run: the tests
 # that do not look at them run without (test_resume and test_train_parity check both ways).
 NO_CURVES = ["--plot_curves", "False"]

@@ -8,6 +8,7 @@ import functools
 import numpy as np
 import pytest
 
+from conftest import needs_torch
 from src.data.auto_augment import apply_op, magnitude_bins
 from src.data.batch_mixing import draw_mix
 from src.data.random_erasing import erase_box
@@ -92,10 +93,12 @@ def check_distribution(rows):
     return bad
 
 
+@needs_torch
 def test_erase_boxes_are_distributed_as_torchvision_draws_them():
     assert check_distribution(erase_rows(lambda rng: erase_box(224, 224, rng, 0.25))) == []
 
 
+@needs_torch
 def test_a_wider_erase_area_range_is_found():
     assert check_distribution(erase_rows(lambda rng: erase_box(224, 224, rng, 0.25, scale=(0.02, 0.5)))) == ["area"]
 
@@ -106,11 +109,13 @@ def mix_rows(mix_draw, size=224):
     return distribution_rows(mix_statistics(ours, size, size), mix_statistics(theirs, size, size))
 
 
+@needs_torch
 def test_mixup_and_cutmix_are_distributed_as_torchvision_draws_them():
     rows = mix_rows(lambda rng: draw_mix(rng, 224, 224, mixup_alpha=0.2, cutmix_alpha=1.0))
     assert check_distribution(rows) == []
 
 
+@needs_torch
 def test_cutmix_without_the_lambda_correction_is_found():
     def uncorrected(rng):
         start = copy.deepcopy(rng.bit_generator.state)

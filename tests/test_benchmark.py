@@ -5,13 +5,14 @@ import shutil
 import pytest
 
 import benchmark
-from conftest import PYTHON, run
+from conftest import PYTHON, needs_torch, run
 from src.cpu_convolution import unavailable_reason
 from src.errors import UserInputError
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
 
+@needs_torch
 def test_benchmark_writes_every_field(tmp_path):
     report_path = tmp_path / "bench.json"
     result = run([PYTHON, "benchmark.py", "--net", "resnet10", "--batch_size", "2", "--image_size", "32",

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from conftest import PYTHON, run
+from conftest import NO_TORCH, PYTHON, needs_torch, run
 from src.errors import run_cli
 from src.migration import convert_torch as ct
 from src.resnet import ARCHS, create_model
@@ -191,7 +191,7 @@ def torch_files(tmp_path_factory):
     """resnet18 (10 classes) saved as a DataParallel training checkpoint ({'state_dict': {'module.*'},
     'epoch', 'best_acc1'}); resnet50 (1000 classes), resnext50_32x4d and wide_resnet50_2 (10) as bare
     state dicts."""
-    torch = pytest.importorskip("torch", reason="torch is a test dependency (requirements-dev.txt)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     folder = tmp_path_factory.mktemp("torch")
     files = {}
     for seed, arch in enumerate(CLASSES):
@@ -217,6 +217,7 @@ def converted(torch_files, tmp_path_factory):
     return out
 
 
+@needs_torch
 @pytest.mark.parametrize("arch", list(CLASSES))
 def test_converted_checkpoint_holds_the_torch_values(arch, torch_files, converted):
     _, state = torch_files[arch]
@@ -235,6 +236,7 @@ def test_converted_checkpoint_holds_the_torch_values(arch, torch_files, converte
     assert not [p for p in ckpt.parent.iterdir() if p.name.startswith(".convert-")]
 
 
+@needs_torch
 @pytest.mark.parametrize("arch", list(CLASSES))
 def test_parity_logits_agree_within_1e_4(arch, torch_files, converted):
     pth, _ = torch_files[arch]
@@ -255,6 +257,7 @@ def test_parity_logits_agree_within_1e_4(arch, torch_files, converted):
           f"1 - cosine {1 - stages['logits']['cosine']:.1e}")
 
 
+@needs_torch
 @pytest.mark.parametrize("arch", list(CLASSES))
 def test_round_trip_pth_ckpt_pth_is_exact(arch, torch_files, converted, tmp_path):
     import torch
@@ -273,6 +276,7 @@ def test_round_trip_pth_ckpt_pth_is_exact(arch, torch_files, converted, tmp_path
     model.load_state_dict(loaded, strict=True)
 
 
+@needs_torch
 def test_model_zoo_checkpoint_imports(converted, tmp_path):
     """A zoo-style resnet18 training checkpoint (bn1d/bn2d, down_sample_layer, end_point with 1001
     classes, Momentum slots, lr and step) converts with the same command, to .ckpt and to .pth."""
@@ -325,6 +329,7 @@ class _RunsCode:
         return os.system, (f"touch '{self.marker}'",)
 
 
+@needs_torch
 def test_malicious_pth_is_refused_without_running_it(torch_files, tmp_path):
     import torch
 
@@ -361,6 +366,7 @@ def test_malicious_pth_is_refused_without_running_it(torch_files, tmp_path):
     assert "refused" in line and not marker.exists()
 
 
+@needs_torch
 def test_mismatched_arch_is_a_clear_error(torch_files, tmp_path):
     pth, _ = torch_files["resnet18"]
     out = tmp_path / "wrong.ckpt"
@@ -379,6 +385,7 @@ def test_not_a_state_dict_is_a_clear_error(tmp_path):
     assert "holds no state dict" in line and "epoch" in line
 
 
+@needs_torch
 def test_without_torch_the_command_says_how_to_install_it(torch_files, tmp_path):
     pth, _ = torch_files["resnet18"]
     code = ("import sys; sys.modules['torch'] = None\n"
@@ -388,6 +395,7 @@ def test_without_torch_the_command_says_how_to_install_it(torch_files, tmp_path)
     assert "pip install torch==2.13.0+cpu" in line and "CPU build" in line
 
 
+@needs_torch
 def test_parity_without_torchvision_asks_for_torch_model(torch_files, converted):
     import importlib.util
     if importlib.util.find_spec("torchvision") is not None:
@@ -398,6 +406,7 @@ def test_parity_without_torchvision_asks_for_torch_model(torch_files, converted)
     assert "torchvision is not installed" in line and "--torch_model src.migration.torch_resnet:resnet18" in line
 
 
+@needs_torch
 def test_parity_locates_a_wrong_parameter(torch_files, converted, tmp_path):
     """A checkpoint whose layer3.0.bn1 statistics are swapped: exit 1, and the first stage over
     tolerance is layer3 (the earlier stages still agree)."""

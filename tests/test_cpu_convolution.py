@@ -12,7 +12,7 @@ import pytest
 from mindspore import Tensor, nn
 from mindspore import dtype as mstype
 
-from conftest import NO_CURVES, PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, needs_torch, run
 from src.cpu_convolution import (
     OneDnnConv2d,
     all_finite_op,
@@ -477,7 +477,8 @@ def test_bfloat16_layers_equal_float32_ones_at_bfloat16_rounding(kind):
 def torch_gradients(state, images, labels, bf16: bool):
     """PyTorch's ResNet18 gradients (by our parameter names) for one training step from `state`: in
     float64, or under bfloat16 autocast with channels_last (what benchmark.py times)."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from src.migration.convert_torch import ms_to_torch_name
     from src.migration.torch_resnet import resnet18
     net = resnet18(num_classes=10)
@@ -494,6 +495,7 @@ def torch_gradients(state, images, labels, bf16: bool):
     return {name: by_torch_name[ms_to_torch_name(name)] for name in state if "moving" not in name}
 
 
+@needs_torch
 @needs_library
 @needs_bf16
 def test_a_bfloat16_resnet_trains_as_close_to_float64_as_pytorch_autocast():

@@ -5,7 +5,7 @@ from typing import Dict, Set
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {"train", "eval", "export", "predict", "benchmark"}
-BUILDING_BLOCKS = {"src.errors", "src.files", "src.device", "src.openmp"}
+BUILDING_BLOCKS = {"src.errors", "src.files", "src.device", "src.openmp", "src.cpu"}
 LEAF_FACES = {"src.resnet", "src.loss", "src.lr_schedule"}   # faces that sub-packages may use
 COMPOSING_FACES = {"src.config", "src.dataset"}              # only entry points import these
 # Sub-packages below a leaf face (src.resnet builds its convolutions with src.cpu_convolution): they

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
+from conftest import needs_torch
 from src.errors import UserInputError
 from src.resnet import create_model
 from src.training.optimizer import create_optimizer, decayed_parameter_names, param_groups
@@ -166,9 +167,10 @@ def test_adamw_decays_decoupled_from_the_gradient():
         np.testing.assert_allclose(p.asnumpy(), before[p.name] * factor[KIND[p.name]], rtol=1e-6, err_msg=p.name)
 
 
+@needs_torch
 @pytest.mark.slow
 def test_adamw_matches_torch_adamw_over_two_steps():
-    torch = pytest.importorskip("torch")
+    import torch
     net = TinyNet()
     wd = {"weight": 0.05, "norm": 0.0, "bias": 0.01}
     opt = create_optimizer(net, name="AdamW", learning_rate=np.array([0.01, 0.02], np.float32),

@@ -2,9 +2,9 @@
 import mindspore as ms
 import numpy as np
 import pytest
-import torch
 from mindspore import Tensor
 
+from conftest import needs_torch
 from src.errors import UserInputError
 from src.resnet import ARCHS, CONV_INITS, DENSE_INITS, Border, create_model
 
@@ -244,7 +244,10 @@ def test_stem_max_pool_pads_one_pixel_on_every_side():
     assert net.maxpool(Tensor(x)).shape == (2, 3, 3, 4)
 
 
+@needs_torch
 def test_stem_pool_sends_gradients_where_pytorchs_does():
+    import torch
+
     """The defect train_parity.py found: with a zero border, windows whose maximum is 0 (ReLU's
     floor) gave their gradient to the border; PyTorch gives it to the first real 0."""
     rng = np.random.default_rng(0)

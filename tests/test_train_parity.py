@@ -8,19 +8,21 @@ from typing import List, Tuple
 import mindspore as ms
 import numpy as np
 import pytest
-import torch
 from mindspore import Tensor
 
-import train_parity
-from conftest import NO_CURVES, PYTHON, run
-from src.data.host_stage import Normalization, host_input_stage
-from src.data.input_stage import TrainInputStage
-from src.errors import UserInputError
-from src.migration import torch_resnet
-from src.migration.torch_training import EmaPlan, TorchRecipe, torch_param_groups
-from src.resnet import create_model
-from src.training.optimizer import param_groups
-from train_parity import LEARN_FLOOR, learning_verdict
+from conftest import NO_CURVES, NO_TORCH, PYTHON, run
+
+torch = pytest.importorskip("torch", reason=NO_TORCH)  # before the modules below import it
+
+import train_parity  # noqa: E402
+from src.data.host_stage import Normalization, host_input_stage  # noqa: E402
+from src.data.input_stage import TrainInputStage  # noqa: E402
+from src.errors import UserInputError  # noqa: E402
+from src.migration import torch_resnet  # noqa: E402
+from src.migration.torch_training import EmaPlan, TorchRecipe, torch_param_groups  # noqa: E402
+from src.resnet import create_model  # noqa: E402
+from src.training.optimizer import param_groups  # noqa: E402
+from train_parity import LEARN_FLOOR, learning_verdict  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TOOL = [PYTHON, "train_parity.py"]

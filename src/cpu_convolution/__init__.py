@@ -10,6 +10,7 @@ from typing import Optional, Set, Tuple
 
 from mindspore import nn
 
+from src.cpu import cpu_flags
 from src.cpu_convolution.cells import (
     OneDnnConv2d,
     all_finite_op,
@@ -33,15 +34,6 @@ def uses_onednn(net: nn.Cell) -> bool:
     """Whether `net` computes with this package's layers: they choose their own precision (bfloat16
     layers on AMX CPUs), so MindSpore's float16 casts (amp) are not applied on top."""
     return any(isinstance(cell, OneDnnConv2d) for _, cell in net.cells_and_names())
-
-
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> Set[str]:
-    """The CPU's feature flags (empty where the file is not there)."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as handle:
-            return next((set(line.split(":", 1)[1].split()) for line in handle if line.startswith("flags")), set())
-    except OSError:
-        return set()
 
 
 def cpu_has_amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:

@@ -3,6 +3,8 @@ import ctypes
 import os
 from typing import Optional
 
+from src.cpu import is_x86, machine
+
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 LIBRARY = os.path.join(NATIVE_DIR, "libresnet_conv.so")
 ONEDNN_VERSION = 30200  # the onednn-cpu-gomp 2023.2.0 package: oneDNN 3.2.0
@@ -16,6 +18,9 @@ def load_library() -> ctypes.CDLL:
 
 def unavailable_reason() -> Optional[str]:
     """None when the library is built, loads and runs its own oneDNN; else why not, in one phrase."""
+    if not is_x86():
+        return (f"they need an x86_64 CPU (oneDNN's CPU wheels are built for x86_64 only; this is "
+                f"{machine()})")
     if not os.path.isfile(LIBRARY):
         build_log = os.path.join(NATIVE_DIR, "build.log")
         return (f"{LIBRARY} is not built" + (f" (see {build_log})" if os.path.isfile(build_log) else "")

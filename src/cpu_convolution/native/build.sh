@@ -18,6 +18,7 @@ fail() {
     echo "note: the oneDNN CPU convolutions did not build ($1); training on CPU uses MindSpore's convolutions" >&2
     exit 1
 }
+[[ $(uname -m) == x86_64 ]] || fail "oneDNN's CPU wheels exist for x86_64 only; this is $(uname -m)"
 DNNL=$(ls "$VENV"/lib/libdnnl.so.3.* 2>/dev/null | head -n 1)
 [[ -n $DNNL && -f $VENV/include/oneapi/dnnl/dnnl.hpp ]] || fail "oneDNN 3.2 is not in $VENV: pip install onednn-devel-cpu-gomp==2023.2.0"
 command -v "${CXX:-g++}" >/dev/null || fail "no C++ compiler: apt-get install g++"
