@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv with the test requirements, lint (ruff, pyproject.toml), and run the whole test suite
-# (extra args go to pytest).
+# (extra args go to pytest; test files among them run alone).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup_env.sh" "$ROOT/requirements-dev.txt"
@@ -12,4 +12,7 @@ cd "$ROOT"
 # --dist loadscope keeps a module on one worker, so its module fixtures (trained checkpoints) run once;
 # the longest modules go first (tests/conftest.py, LONGEST_FIRST).
 WORKERS=$(nproc); (( WORKERS <= 5 )) || WORKERS=5
-exec "$ROOT/.venv/bin/python" -m pytest -n "$WORKERS" --dist loadscope --no-loadscope-reorder tests "$@"
+# Test files or folders among the arguments (a tier, e.g. docs/aarch64.md's) replace the whole of tests/.
+WHERE=(tests)
+for arg in "$@"; do [[ $arg == -* || ! -e ${arg%%::*} ]] || { WHERE=(); break; }; done
+exec "$ROOT/.venv/bin/python" -m pytest -n "$WORKERS" --dist loadscope --no-loadscope-reorder ${WHERE[@]+"${WHERE[@]}"} "$@"
