@@ -53,10 +53,12 @@ ONNX_WORKERS = ("onnxruntime", "onnxruntime_hostnorm", "onnxruntime_pixels", "on
 TRAIN_CONFIG = "config/resnet50_imagenet2012.yaml"
 # MindSpore with its own convolutions, with this repository's oneDNN layers (float32; bfloat16 under
 # amp on CPUs with AMX): the cpu_convolution and amp_level each runs with.
-MINDSPORE_WORKERS = {"mindspore": ("mindspore", "O0"), "ours": ("onednn", "O0"), "ours_bf16": ("onednn", "O2")}
+# cpu_convolution, amp_level, cpu_amp_dtype of each MindSpore worker.
+MINDSPORE_WORKERS = {"mindspore": ("mindspore", "O0", "auto"), "ours": ("onednn", "O0", "auto"),
+                     "ours_bf16": ("onednn", "O2", "bfloat16")}
 # PyTorch eager: NCHW float32, channels_last float32, bfloat16 autocast with channels_last.
 TORCH_WORKERS = {"torch": ("nchw", False), "torch_cl": ("channels_last", False), "torch_bf16": ("channels_last", True)}
-LABELS = {"mindspore": "MindSpore convolutions", "ours": "ours (oneDNN, blocked)", "ours_bf16": "ours, bf16 (AMX)",
+LABELS = {"mindspore": "MindSpore convolutions", "ours": "ours (oneDNN, blocked)", "ours_bf16": "ours, bf16",
           "torch": "PyTorch NCHW", "torch_cl": "PyTorch channels_last", "torch_bf16": "PyTorch bf16 autocast+CL"}
 BREAKDOWN_MARK = "BREAKDOWN "
 
@@ -723,9 +725,10 @@ def mindspore_runner(args: argparse.Namespace) -> MindSporeRunner:
     set_openmp_environment()  # before the first import of MindSpore, in its workers alone (PyTorch keeps its default)
     from src.cpu_convolution import choose_convolutions, set_threads
     from src.device import init_device
-    cpu_convolution, amp_level = MINDSPORE_WORKERS[args.worker]
+    cpu_convolution, amp_level, cpu_amp_dtype = MINDSPORE_WORKERS[args.worker]
     cfg = train_config(args.net, args.batch_size, args.image_size, cpu_convolution, amp_level)
-    convolutions, _ = choose_convolutions(cfg.cpu_convolution, device_target="CPU", amp_level=cfg.amp_level)
+    convolutions, _ = choose_convolutions(cfg.cpu_convolution, device_target="CPU", amp_level=cfg.amp_level,
+                                          cpu_amp_dtype=cpu_amp_dtype)
     threads = init_device("CPU", mode_name="GRAPH", cpu_threads=args.threads, cap_cpu_isa=convolutions == "mindspore")
     if convolutions != "mindspore":
         set_threads(threads)
@@ -791,19 +794,21 @@ def measure_breakdown(worker: str, net_name: str, batch: int, size: int, args: a
 
 def compute_paths(vs_torch: bool, cpu_features: Optional[Set[str]] = None) -> List[str]:
     """The workers to measure: MindSpore's convolutions, ours where they are built (in bfloat16 too
-    where the CPU has AMX), and with --vs-torch PyTorch's NCHW, channels_last and (where the CPU has
-    bfloat16 instructions) bf16 autocast. `cpu_features` stands in for this CPU's flags."""
+    where the CPU has bfloat16 convolutions), and with --vs-torch PyTorch's NCHW, channels_last and
+    (where the CPU has bfloat16 instructions) bf16 autocast. `cpu_features` stands in for this CPU's
+    flags."""
     from src.cpu import cpu_flags
     from src.cpu_convolution import unavailable_reason
     flags = cpu_flags() if cpu_features is None else cpu_features
+    bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
     paths = ["mindspore"]
     reason = unavailable_reason()
     if reason:
         print(f"note: no rows for this repository's CPU layers: {reason}", flush=True)
     else:
-        paths += ["ours"] + (["ours_bf16"] if "amx_bf16" in flags else [])
+        paths += ["ours"] + (["ours_bf16"] if bf16 else [])
     if vs_torch:
-        paths += ["torch", "torch_cl"] + (["torch_bf16"] if flags & {"avx512_bf16", "amx_bf16"} else [])
+        paths += ["torch", "torch_cl"] + (["torch_bf16"] if bf16 else [])
     return paths
 
 

@@ -36,12 +36,12 @@ from src.dataset import (
     normalization_of,
     set_start_epoch,
 )
-from src.device import available_cores, cap_workers, init_device
+from src.device import available_cores, cap_workers, init_device, kernel_threads
 from src.errors import UserInputError, run_cli
 from src.files import remove_stale_temporaries
 from src.loss import create_loss
 from src.lr_schedule import create_lr_schedule, create_thor_lr_schedule, warmup_cut_short
-from src.resnet import create_model
+from src.resnet import create_model, probe_layers
 from src.training.board import Board, batch_picture, target_captions
 from src.training.callbacks import (
     CheckpointSaver,
@@ -463,7 +463,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
     convolutions, convolutions_note = choose_convolutions(
         cfg.cpu_convolution, device_target=cfg.device_target,
-        amp_level=resolve_amp_level(cfg.amp_level, cfg.device_target), optimizer=cfg.optimizer)
+        amp_level=resolve_amp_level(cfg.amp_level, cfg.device_target), optimizer=cfg.optimizer,
+        cpu_amp_dtype=cfg.cpu_amp_dtype, threads=kernel_threads(local_ranks),
+        probe_layers=probe_layers(cfg.net_name, cfg.train_image_size, cfg.batch_size))
     threads = init_device(cfg.device_target, mode_name=cfg.mode_name,
                           device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
                           processes_per_node=local_ranks, cap_cpu_isa=convolutions == "mindspore")

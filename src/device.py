@@ -43,6 +43,12 @@ def worker_budget(requested: int, local_ranks: int = 1) -> int:
     return max(1, min(requested, available_cores() // max(1, local_ranks)))
 
 
+def kernel_threads(processes_per_node: int = 1, cpu_threads: int = 0) -> int:
+    """CPU kernel threads per process: `cpu_threads` if > 0, else OMP_NUM_THREADS, else this process's
+    share of the cores (see init_device)."""
+    return cpu_threads or threads_from_environment() or max(1, available_cores() // max(1, processes_per_node))
+
+
 def cap_workers(requested: int, local_ranks: int = 1) -> Tuple[int, Optional[str]]:
     """`worker_budget`, and the log line saying so when it lowered `requested` (else None)."""
     workers = worker_budget(requested, local_ranks)
@@ -80,7 +86,7 @@ def init_device(device_target: str, *, device_id: Optional[int] = 0, mode_name: 
     else:
         ms.set_device(device_target, device_id)
     if device_target == "CPU":
-        threads = cpu_threads or threads_from_environment() or max(1, available_cores() // max(1, processes_per_node))
+        threads = kernel_threads(processes_per_node, cpu_threads)
         ms.device_context.cpu.op_tuning.threads_num(threads)
         return threads
     return 0

@@ -3,7 +3,7 @@ import argparse
 import importlib
 import re
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 
 class UserInputError(ValueError):
@@ -14,12 +14,31 @@ class UserInputError(ValueError):
 _WRAPPED = re.compile(r"UserInputError: (?!Traceback)(.+)")
 
 
+# Native kernels (src/cpu_convolution) keep their failure's message until asked: MindSpore's own
+# error says only that a custom operator failed. The package registers how to ask when a run uses it.
+_NATIVE_ERRORS: List[Callable[[], str]] = []
+
+
+def explain_native_errors_with(take_message: Callable[[], str]) -> None:
+    """Let user_error_message ask `take_message` for the one-line message of a failed native kernel."""
+    if take_message not in _NATIVE_ERRORS:
+        _NATIVE_ERRORS.append(take_message)
+
+
 def user_error_message(err: BaseException) -> Optional[str]:
-    """The one-line message of a UserInputError, also when MindSpore's data pipeline wrapped it."""
+    """The one-line message of a UserInputError, also when MindSpore's data pipeline wrapped it, or
+    of a native kernel that failed under a RuntimeError."""
     if isinstance(err, UserInputError):
         return str(err)
     found = _WRAPPED.findall(str(err))
-    return found[-1].strip() if found else None
+    if found:
+        return found[-1].strip()
+    if isinstance(err, RuntimeError):
+        for take_message in _NATIVE_ERRORS:
+            message = take_message()
+            if message:
+                return f"a CPU layer failed: {message}"
+    return None
 
 
 def require_module(name: str, *, needed_for: str, install_hint: str):

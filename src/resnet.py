@@ -11,7 +11,7 @@ converted torchvision checkpoint gives the same outputs. BatchNorm uses MindSpor
 (gamma, beta, moving_mean, moving_variance) and momentum 0.9 (PyTorch's 0.1).
 """
 import math
-from typing import List, NamedTuple, Optional, Type, Union
+from typing import List, NamedTuple, Optional, Tuple, Type, Union
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -192,6 +192,10 @@ class ResNet(Classifier):
     """conv1/bn1/relu/maxpool stem, layer1..4, global average pool, fc."""
     norm_activations = {"bn1": "relu"}  # as BasicBlock's
     norms_activate = False
+    # src.cpu_convolution.use_onednn_layers may keep every tensor from the stem's convolution (which
+    # reads the image) to the head in oneDNN's blocked layout: the stem pool is Border + MaxPool2d, the
+    # head takes its features through features_to_plain.
+    blocked_layers = {"stem": "conv1", "pool": "maxpool"}
 
     def __init__(self, block: Block, layers: List[int], num_classes: int = 1000, groups: int = 1,
                  width_per_group: int = 64):
@@ -407,6 +411,24 @@ def _torchvision_family(net_name: str, num_classes: int) -> ResNet:
     arch = ARCHS[net_name]
     block = BasicBlock if arch.kind == "basic" else Bottleneck
     return ResNet(block, arch.layers, num_classes, groups=arch.groups, width_per_group=arch.width_per_group)
+
+
+def probe_layers(net_name: str, image_size: int, batch_size: int) -> List[Tuple[int, int, int, int, int, int]]:
+    """A few of the network's own convolutions to time bfloat16 against float32 with
+    (src.cpu_convolution.choose_convolutions): each stage's 3x3 of a later block at its feature-map
+    size, as (batch, in channels, input size, out channels, kernel, stride), the batch at most 16 (the
+    two types compare alike at larger ones, and the probe stays well under a second). Ungrouped:
+    ResNeXt's grouped 3x3s are timed as plain ones. SE-ResNet50 is timed as ResNet50."""
+    if net_name not in NET_NAMES:
+        raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(NET_NAMES)}")
+    arch = ARCHS.get(net_name, ARCHS["resnet50"])
+    layers = []
+    for stage in range(4):
+        planes = 64 * 2 ** stage
+        width = planes if arch.kind == "basic" else planes * arch.width_per_group // 64 * arch.groups
+        size = max(1, -(-image_size // (4 * 2 ** stage)))  # the stem and its pool halve it twice, each stage once more
+        layers.append((min(batch_size, 16), width, size, width, 3, 1))
+    return layers
 
 
 def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "kaiming_normal",

@@ -107,7 +107,7 @@ def test_benchmark_writes_every_field(tmp_path):
 @pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
 @pytest.mark.parametrize("features, bf16_paths", [
     ({"avx512f", "avx512_bf16", "amx_bf16"}, ["ours_bf16", "torch_bf16"]),
-    ({"avx512f", "avx512_bf16"}, ["torch_bf16"]),
+    ({"avx512f", "avx512_bf16"}, ["ours_bf16", "torch_bf16"]),
     ({"avx2"}, []),
 ])
 def test_the_measured_paths_follow_the_cpu(features, bf16_paths):

@@ -2,6 +2,7 @@
 chosen as the config says, build or say why not; MindSpore's own never fall into oneDNN's reference
 kernel (src/device.py)."""
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -13,12 +14,11 @@ from mindspore import Tensor, nn
 from mindspore import dtype as mstype
 
 from conftest import NO_CURVES, PYTHON, REPO, needs_torch, run
+from src.cpu import cpu_flags, cpu_model
 from src.cpu_convolution import (
     OneDnnConv2d,
     all_finite_op,
     choose_convolutions,
-    cpu_flags,
-    cpu_has_amx_bf16,
     library,
     unavailable_reason,
     unscale_all_finite_op,
@@ -35,10 +35,11 @@ from src.cpu_convolution.cells import (
     _swap_convolution,
     max_pool_ops,
 )
+from src.cpu_convolution.precision import bf16_verdict
 from src.data.sample_data import write_sample_data
 from src.errors import UserInputError
 from src.openmp import SPIN_COUNT, set_openmp_environment
-from src.resnet import Bottleneck, ResNet, create_model, freeze_batch_norm
+from src.resnet import Bottleneck, ResNet, create_model, freeze_batch_norm, probe_layers
 
 needs_library = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 # Every kind of convolution the family has: 1x1, 3x3, the 7x7/2 stem, strided 1x1 and 3x3, grouped
@@ -261,28 +262,92 @@ def test_the_choice_follows_the_config_the_device_and_the_library(monkeypatch, t
         choose_convolutions("onednn", device_target="CPU")
 
 
-@needs_library
-@pytest.mark.parametrize("features, expected", [
-    ({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}, "onednn-bf16"),
-    ({"avx512f", "avx512_bf16"}, "onednn"),   # e.g. Intel Cooper Lake, AMD Zen 4
-    ({"avx2", "fma"}, "onednn"),
-    (None, "host"),                           # this machine's own /proc/cpuinfo
+def timing(float32_ms: float, bfloat16_ms: float):
+    """A probe's timing function that measures nothing: each layer takes the given milliseconds."""
+    def time_layer(*layer, bf16: bool) -> float:
+        return bfloat16_ms if bf16 else float32_ms
+    return time_layer
+
+
+def not_timed(*layer, bf16: bool) -> float:
+    raise AssertionError("timed again: the verdict should have come from the cache")
+
+
+LAYERS = probe_layers("resnet18", 32, 64)
+needs_bf16_convolutions = pytest.mark.skipif(
+    unavailable_reason() is not None or library.channels_per_block("bfloat16") == 0,
+    reason="no bfloat16 convolutions in this CPU's oneDNN")
+
+
+@needs_bf16_convolutions
+@pytest.mark.parametrize("float32_ms, bfloat16_ms, expected", [
+    (10.0, 5.0, "onednn-bf16"),   # AMX, AMD Zen 4: bf16 about twice as fast
+    (10.0, 9.5, "onednn"),        # a near tie stays float32 (MARGIN)
+    (10.0, 18.0, "onednn"),       # an Intel Xeon with AVX512_BF16 and no AMX
 ])
-def test_amp_on_cpu_computes_bf16_convolutions_only_where_the_cpu_has_amx(features, expected):
-    if expected == "host":
-        expected = "onednn-bf16" if cpu_has_amx_bf16() else "onednn"
-    implementation, note = choose_convolutions("auto", device_target="CPU", amp_level="O2", cpu_features=features)
-    assert implementation == expected and note   # amp asked for: the log always says what it got
-    assert choose_convolutions("auto", device_target="CPU", amp_level="O0", cpu_features=features) == ("onednn", None)
+def test_amp_on_cpu_computes_bf16_where_the_networks_layers_run_faster_in_it(tmp_path, float32_ms, bfloat16_ms,
+                                                                              expected):
+    cache = str(tmp_path / "verdicts.json")
+    ask = dict(device_target="CPU", amp_level="O2", probe_layers=LAYERS, cache_file=cache)
+    implementation, note = choose_convolutions("auto", time_layer=timing(float32_ms, bfloat16_ms), **ask)
+    assert implementation == expected and note
+    # kept per CPU, ISA, threads and layers: the next run does not time again
+    assert choose_convolutions("auto", time_layer=not_timed, **ask)[0] == expected
+    verdict = bf16_verdict(LAYERS, cpu_model=cpu_model(), threads=0, cache_file=cache, time_layer=not_timed)
+    assert verdict == (expected == "onednn-bf16", len(LAYERS) * float32_ms, len(LAYERS) * bfloat16_ms, True)
+    try:  # another thread count is another probe
+        with pytest.raises(AssertionError, match="timed again"):
+            choose_convolutions("auto", threads=1, time_layer=not_timed, **ask)
+    finally:
+        library.set_threads(0)
+    # either forced, untimed
+    assert choose_convolutions("auto", cpu_amp_dtype="bfloat16", time_layer=not_timed, **ask)[0] == "onednn-bf16"
+    assert choose_convolutions("auto", cpu_amp_dtype="float32", time_layer=not_timed, **ask)[0] == "onednn"
+    assert choose_convolutions("auto", device_target="CPU", amp_level="O0", time_layer=not_timed) == ("onednn", None)
 
 
-def test_the_cpu_flags_are_read_from_cpuinfo(tmp_path):
-    flags = tmp_path / "cpuinfo"
-    flags.write_text("processor : 0\nflags : fpu avx512f amx_bf16 amx_tile\n")
-    assert cpu_has_amx_bf16(str(flags))
-    flags.write_text("processor : 0\nflags : fpu avx512f avx512_bf16\n")
-    assert not cpu_has_amx_bf16(str(flags)) and cpu_flags(str(flags)) == {"fpu", "avx512f", "avx512_bf16"}
-    assert cpu_flags(str(tmp_path / "absent")) == set()
+@needs_bf16_convolutions
+def test_the_host_probe_times_the_layers_and_decides_by_its_timings(tmp_path):
+    cache = tmp_path / "verdicts.json"
+    implementation, note = choose_convolutions("auto", device_target="CPU", amp_level="O2", cache_file=str(cache),
+                                               probe_layers=probe_layers("resnet50", 224, 8))
+    (float32_ms, bfloat16_ms), = json.loads(cache.read_text()).values()
+    assert float32_ms > 0 and bfloat16_ms > 0
+    assert implementation == ("onednn-bf16" if bfloat16_ms < 0.9 * float32_ms else "onednn")
+    assert f"{float32_ms:.1f} ms" in note and f"{bfloat16_ms:.1f} ms" in note  # the log line gives both timings
+
+
+CAPPED_CHOICE = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from src.cpu_convolution import choose_convolutions, library
+from src.resnet import probe_layers
+library.cap_isa(sys.argv[1])
+choice, _ = choose_convolutions("auto", device_target="CPU", amp_level="O2", cache_file=sys.argv[2],
+                                probe_layers=probe_layers("resnet18", 64, 8))
+print(json.dumps({{"choice": choice, "float32": library.blocked_layout("float32"),
+                  "bfloat16": library.blocked_layout("bfloat16"), "isa": library.isa_cap()}}))
+"""
+
+
+@needs_library
+@pytest.mark.parametrize("isa", ["avx2", "avx512_core", "avx512_core_bf16"])
+def test_a_capped_isa_asks_oneDNN_for_its_layouts_and_chooses_by_timing(tmp_path, isa):
+    """The other CPUs the layers meet, emulated by capping the library's oneDNN: AVX2 (blocks of 8
+    channels, no bfloat16), AVX-512 without BF16, AVX512_BF16 without AMX (bfloat16 blocked as float32)."""
+    if isa != "avx2" and "avx512f" not in cpu_flags():
+        pytest.skip("this CPU has no AVX-512")
+    cache = tmp_path / "verdicts.json"
+    result = run([PYTHON, "-c", CAPPED_CHOICE.format(repo=str(REPO)), isa, str(cache)])
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["isa"] == isa
+    assert found["float32"] == ("nChw8c" if isa == "avx2" else "nChw16c")
+    if isa in ("avx2", "avx512_core") and found["bfloat16"] == "":
+        assert found["choice"] == "onednn" and not cache.exists()   # no bfloat16 convolutions: nothing to time
+    else:
+        (float32_ms, bfloat16_ms), = json.loads(cache.read_text()).values()
+        assert found["choice"] == ("onednn-bf16" if bfloat16_ms < 0.9 * float32_ms else "onednn")
 
 
 @needs_library

@@ -18,21 +18,32 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.ops import signature as sig
 
-from src.cpu_convolution.library import LIBRARY
+from src.cpu_convolution.library import LIBRARY, RECORDS, channels_per_block
 
 INPUT_BLOCKED, OUTPUT_BLOCKED = 1, 2  # onednn_conv.cpp's ConvParams.layout bits
-BLOCK = 16  # channels per block of oneDNN's nChw16c: layers with channels that are not a multiple stay NCHW
 
 
-def _aot(name: str, out_shape, out_dtype, bprop=None) -> ops.Custom:
-    """The library's kernel `name` as an op. `out_dtype` a mindspore.dtype name: every output of that
-    type, said in an attribute too, because MindSpore takes an op of the same kernel and inputs for
-    the same op whatever its out_dtype (a float32 ToBlocked and a bfloat16 one in one process)."""
-    if not isinstance(out_dtype, str):
-        return ops.Custom(f"{LIBRARY}:{name}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot", bprop=bprop)
-    op = ops.Custom(f"{LIBRARY}:{name}", out_shape=out_shape, out_dtype=_fixed_dtype(out_dtype), func_type="aot",
-                    bprop=bprop)
-    op.add_prim_attr("output_dtype", out_dtype)
+def record(name: str, **fields) -> Tuple:
+    """The parameter record `name` (library.RECORDS) from its fields by name, in the library's order."""
+    order = RECORDS[name]
+    if set(fields) != set(order):
+        raise ValueError(f"{name} takes the fields {', '.join(order)}; got {', '.join(sorted(fields))}")
+    return tuple(fields[field] for field in order)
+
+
+def _aot(name: str, out_shape, out_dtype, bprop=None, shape_key: Tuple = ()) -> ops.Custom:
+    """The library's kernel `name` as an op. MindSpore takes an op of the same kernel and input
+    shapes and types for the same op, whatever its out_shape and out_dtype functions (a float32
+    ToBlocked and a bfloat16 one in one process; a stride-1 and a stride-2 convolution of one input):
+    what tells them apart goes in attributes too. `out_dtype` a mindspore.dtype name: every output of
+    that type; `shape_key`: the parameters the output's shape depends on."""
+    fixed = isinstance(out_dtype, str)
+    op = ops.Custom(f"{LIBRARY}:{name}", out_shape=out_shape, out_dtype=_fixed_dtype(out_dtype) if fixed else out_dtype,
+                    func_type="aot", bprop=bprop)
+    if fixed:
+        op.add_prim_attr("output_dtype", out_dtype)
+    if shape_key:
+        op.add_prim_attr("output_shape_of", ",".join(map(str, shape_key)))
     return op
 
 
@@ -74,7 +85,7 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
         dx = backward_data(dout, w, p, x) if input_gradient else ops.zeros_like(x)
         return dx, backward_weights(x, dout, p, w), ops.zeros_like(p)
 
-    return _aot("ConvForward", forward_shape, output_dtype or _of_input(0), bprop)
+    return _aot("ConvForward", forward_shape, output_dtype or _of_input(0), bprop, shape_key=params[:8] + kernel)
 
 
 def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0) -> Tuple[int, ...]:
@@ -85,7 +96,9 @@ def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0) -> 
         padding = -1
     top, bottom, left, right = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
     stride, dilation = conv.stride[-2:], conv.dilation[-2:]
-    return (stride[0], stride[1], top, bottom, left, right, dilation[0], dilation[1], conv.group, int(bf16), layout)
+    return record("ConvParams", stride_h=stride[0], stride_w=stride[1], pad_top=top, pad_bottom=bottom,
+                  pad_left=left, pad_right=right, dilation_h=dilation[0], dilation_w=dilation[1], groups=conv.group,
+                  bf16=int(bf16), layout=layout)
 
 
 def supported(cell: nn.Cell) -> bool:
@@ -251,10 +264,11 @@ class OneDnnBatchNorm2d(nn.BatchNorm2d):
 def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none", dtype: mstype.Type = mstype.float32) -> None:
     cell.onednn_batch, cell.onednn_global = batch_norm_ops(False), batch_norm_ops(True)
     cell.onednn_stand_in = Tensor(np.zeros(4, np.float32), dtype)
-    # onednn_conv.cpp's NormParams: epsilon, global_stats, momentum (0: the statistics stay), activation
-    code = ACTIVATIONS[activation]
-    cell.onednn_batch_params = Tensor(np.array([cell.eps, 0.0, cell.momentum, code], np.float32))
-    cell.onednn_global_params = Tensor(np.array([cell.eps, 1.0, 0.0, code], np.float32))
+    code = ACTIVATIONS[activation]  # momentum 0: the statistics stay
+    batch = record("NormParams", epsilon=cell.eps, global_stats=0.0, momentum=cell.momentum, activation=code)
+    given = record("NormParams", epsilon=cell.eps, global_stats=1.0, momentum=0.0, activation=code)
+    cell.onednn_batch_params = Tensor(np.array(batch, np.float32))
+    cell.onednn_global_params = Tensor(np.array(given, np.float32))
     cell.__class__ = OneDnnBatchNorm2d
 
 
@@ -270,7 +284,7 @@ def max_pool_ops(kernel: int, stride: int, pad: int) -> ops.Custom:
     def bprop(x, params, out, dout):
         return backward(x, dout, params), ops.zeros_like(params)
 
-    return _aot("PoolForward", out_shape, _of_input(0), bprop)
+    return _aot("PoolForward", out_shape, _of_input(0), bprop, shape_key=(kernel, stride, pad))
 
 
 class OneDnnMaxPool(nn.SequentialCell):
@@ -334,19 +348,20 @@ class InputFork(nn.Cell):
         return x, x
 
 
-def _blockable(net: nn.Cell) -> bool:
-    """A torchvision-family ResNet (stem max pool of Border + MaxPool2d, a head that takes its
-    features through `features_to_plain`) whose layers after the stem's convolution all have
-    channels in whole blocks."""
-    pool = getattr(net, "maxpool", None)
-    if not (hasattr(net, "features_to_plain") and isinstance(pool, nn.SequentialCell) and len(pool) == 2
-            and isinstance(pool[1], nn.MaxPool2d)):
+def _blockable(net: nn.Cell, block: int) -> bool:
+    """A network that declares its layers may run blocked (`blocked_layers`: its stem convolution,
+    which reads the image, and its stem pool, Border + MaxPool2d; a head that takes its features
+    through `features_to_plain`), whose convolutions and BatchNorms all have channels in whole
+    blocks of `block` (the layout this CPU's convolutions choose; 0: none) and no bias."""
+    declared = getattr(net, "blocked_layers", None)
+    if not declared or block == 0:
         return False
+    stem = getattr(net, declared["stem"])
     convolutions = [cell for _, cell in net.cells_and_names() if supported(cell)]
     norms = [cell for _, cell in net.cells_and_names() if type(cell) is nn.BatchNorm2d]
-    return (bool(convolutions) and all(c.out_channels % BLOCK == 0 for c in convolutions)
-            and all(c.in_channels % BLOCK == 0 for c in convolutions[1:])
-            and all(n.num_features % BLOCK == 0 for n in norms) and not any(c.has_bias for c in convolutions))
+    return (supported(stem) and all(c.out_channels % block == 0 for c in convolutions)
+            and all(c.in_channels % block == 0 for c in convolutions if c is not stem)
+            and all(n.num_features % block == 0 for n in norms) and not any(c.has_bias for c in convolutions))
 
 
 def _hand_activations_to_norms(cell: nn.Cell, dtype: mstype.Type) -> None:
@@ -368,19 +383,19 @@ def use_onednn_layers(net: nn.Cell, *, bf16: bool = False, fuse_activations: boo
     False leaves the ReLUs and residual additions to MindSpore (the same numbers, bit for bit:
     the kernels compute the very same float operations; the tests compare the two; float32 only,
     MindSpore's CPU ReLU has no bfloat16 kernel)."""
-    if not _blockable(net):
+    blocked_dtype = "bfloat16" if bf16 else "float32"
+    if not _blockable(net, channels_per_block(blocked_dtype)):
         use_onednn_convolutions(net, bf16=bf16)
         return "convolutions"
     if bf16 and not fuse_activations:
         raise ValueError("bfloat16 layers compute their activations themselves: fuse_activations must be True")
-    blocked_dtype = "bfloat16" if bf16 else "float32"
     dtype = getattr(mstype, blocked_dtype)
-    stem = True
+    stem = getattr(net, net.blocked_layers["stem"])
     for _, cell in net.cells_and_names():
         if supported(cell):
-            layout = OUTPUT_BLOCKED if stem else INPUT_BLOCKED | OUTPUT_BLOCKED
-            _swap_convolution(cell, bf16=bf16, input_gradient=not stem, layout=layout, output_dtype=blocked_dtype)
-            stem = False
+            layout = OUTPUT_BLOCKED if cell is stem else INPUT_BLOCKED | OUTPUT_BLOCKED
+            _swap_convolution(cell, bf16=bf16, input_gradient=cell is not stem, layout=layout,
+                              output_dtype=blocked_dtype)
         elif type(cell) is nn.BatchNorm2d:
             _swap_batch_norm(cell, dtype=dtype)
     if bf16:
@@ -389,9 +404,10 @@ def use_onednn_layers(net: nn.Cell, *, bf16: bool = False, fuse_activations: boo
     if fuse_activations:
         for _, cell in net.cells_and_names():
             _hand_activations_to_norms(cell, dtype)
-    pool = net.maxpool
+    pool = getattr(net, net.blocked_layers["pool"])
     kernel, stride = (value if isinstance(value, int) else value[-1] for value in (pool[1].kernel_size, pool[1].stride))
-    pool.onednn, pool.onednn_params = max_pool_ops(kernel, stride, 1), Tensor(np.array([kernel, stride, 1], np.int32))
+    pool.onednn = max_pool_ops(kernel, stride, 1)
+    pool.onednn_params = Tensor(np.array(record("PoolParams", kernel=kernel, stride=stride, pad=1), np.int32))
     pool.__class__ = OneDnnMaxPool
     net.features_to_plain = BlockedToPlain(blocked_dtype)
     return "blocked"

@@ -1,7 +1,9 @@
-"""The compiled library (native/libresnet_conv.so): where it is, whether it loads, its settings."""
+"""The compiled library (native/libresnet_conv.so): where it is, whether it loads, its settings, and
+the parameter records and argument slots it was built with."""
 import ctypes
+import functools
 import os
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from src.cpu import is_x86, machine
 
@@ -9,15 +11,69 @@ NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 LIBRARY = os.path.join(NATIVE_DIR, "libresnet_conv.so")
 ONEDNN_VERSION = 30200  # the onednn-cpu-gomp 2023.2.0 package: oneDNN 3.2.0
 BUILD_HINT = "bash scripts/setup_env.sh builds it (it needs g++ and the onednn-devel-cpu-gomp package)"
+ISAS = ("avx2", "avx512_core", "avx512_core_bf16", "avx512_core_amx", "all")  # CapIsa's names
+
+# The parameter records cells.py writes and the argument slots its ops pass, in order; the library
+# defines the same lists (onednn_conv.cpp) and unavailable_reason refuses a library whose differ.
+RECORDS: Dict[str, Tuple[str, ...]] = {
+    "ConvParams": ("stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right", "dilation_h",
+                   "dilation_w", "groups", "bf16", "layout"),
+    "NormParams": ("epsilon", "global_stats", "momentum", "activation"),
+    "PoolParams": ("kernel", "stride", "pad"),
+}
+SLOTS: Dict[str, Tuple[str, ...]] = {
+    "ConvForward": ("x", "w", "params", "y"),
+    "ConvBackwardData": ("dy", "w", "params", "x_shape", "dx"),
+    "ConvBackwardWeights": ("x", "dy", "params", "w_shape", "dw"),
+    "NormForward": ("x", "gamma", "beta", "mean", "variance", "params", "residual", "y", "batch_mean",
+                    "batch_variance", "workspace"),
+    "NormBackward": ("x", "dy", "mean", "variance", "gamma", "params", "workspace", "y", "residual", "dx", "dgamma",
+                     "dbeta", "dresidual"),
+    "PoolForward": ("x", "params", "y"),
+    "PoolBackward": ("x", "dy", "params", "dx"),
+    "ToPlain": ("x", "y"),
+    "ToBlocked": ("x", "y"),
+    "Sum": ("a", "b", "y"),
+    "Fork": ("x", "a", "b"),
+}
 
 
+@functools.lru_cache(maxsize=None)
 def load_library() -> ctypes.CDLL:
     """The library, loaded once per process (the same handle MindSpore's Custom ops get)."""
-    return ctypes.CDLL(LIBRARY)
+    library = ctypes.CDLL(LIBRARY)
+    for name in ("TakeError", "RecordFields", "KernelSlots", "BlockedLayout", "IsaCap"):
+        getattr(library, name).restype = ctypes.c_char_p
+    for name in ("RecordFields", "KernelSlots", "BlockedLayout", "CapIsa"):
+        getattr(library, name).argtypes = [ctypes.c_char_p]
+    library.ProbeConvolution.restype = library.PeakGmacs.restype = ctypes.c_double
+    library.ProbeConvolution.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_int, ctypes.c_int]
+    library.PeakGmacs.argtypes = [ctypes.c_int]
+    library.ScratchpadBytes.restype = ctypes.c_int64
+    return library
+
+
+def _names(text: bytes) -> Tuple[str, ...]:
+    return tuple(name for name in text.decode().split(",") if name)
+
+
+def definition_mismatch(records: Optional[Dict[str, Tuple[str, ...]]] = None,
+                        slots: Optional[Dict[str, Tuple[str, ...]]] = None) -> Optional[str]:
+    """None when the library's parameter records and argument slots are `records` and `slots`
+    (default: this module's RECORDS and SLOTS), else the first difference in one phrase."""
+    library = load_library()
+    for kind, expected, read in (("record", records or RECORDS, library.RecordFields),
+                                 ("kernel", slots or SLOTS, library.KernelSlots)):
+        for name, fields in expected.items():
+            built = _names(read(name.encode()))
+            if built != fields:
+                return f"its {kind} {name} is ({', '.join(built)}), Python's is ({', '.join(fields)})"
+    return None
 
 
 def unavailable_reason() -> Optional[str]:
-    """None when the library is built, loads and runs its own oneDNN; else why not, in one phrase."""
+    """None when the library is built, loads, runs its own oneDNN and was built with this module's
+    records; else why not, in one phrase."""
     if not is_x86():
         return (f"they need an x86_64 CPU (oneDNN's CPU wheels are built for x86_64 only; this is "
                 f"{machine()})")
@@ -27,21 +83,82 @@ def unavailable_reason() -> Optional[str]:
                 + f"; {BUILD_HINT}")
     try:
         library = load_library()
-    except OSError as error:
+    except (OSError, AttributeError) as error:
         return f"{LIBRARY} does not load ({error}); {BUILD_HINT}"
     version = library.OneDnnVersion()
     if version != ONEDNN_VERSION:  # bound to another libdnnl.so.3 (MindSpore's): the SONAME trick failed
         return f"{LIBRARY} runs oneDNN {version} instead of its private copy {ONEDNN_VERSION}; {BUILD_HINT}"
+    mismatch = definition_mismatch()
+    if mismatch:
+        return f"{LIBRARY} does not match src/cpu_convolution ({mismatch}); {BUILD_HINT}"
     return None
 
 
 def set_threads(threads: int) -> None:
-    """Threads per convolution (0: OpenMP's default, the cores this process may use)."""
+    """Threads per kernel (0: OpenMP's default, the cores this process may use)."""
     load_library().SetThreads(int(threads))
 
 
-def last_error() -> str:
-    """The library's message for the last kernel that returned an error."""
-    function = load_library().LastError
-    function.restype = ctypes.c_char_p
-    return function().decode()
+def take_error() -> str:
+    """The library's one-line message for the last kernel that failed ("" when none), cleared."""
+    return load_library().TakeError().decode()
+
+
+def cap_isa(name: str) -> None:
+    """Cap the library's oneDNN at `name` (one of ISAS), as a CPU without the instructions above it
+    would run; only before its first kernel (tests and the benchmark's capped rows)."""
+    status = load_library().CapIsa(name.encode())
+    if status == 2:
+        raise ValueError(f"unknown ISA '{name}'; choose one of {', '.join(ISAS)}")
+    if status == 1:
+        raise RuntimeError("the ISA can only be capped before the library's first kernel")
+
+
+def isa_cap() -> str:
+    """The ISA limit in force (one of ISAS; 'all' unless capped)."""
+    return load_library().IsaCap().decode()
+
+
+def blocked_layout(dtype: str) -> str:
+    """The layout blocked activations of `dtype` ('float32', 'bfloat16') take on this CPU, as its
+    convolutions choose it: 'nChw16c', 'nChw8c', 'nhwc', 'nchw', or '' where it has none."""
+    return load_library().BlockedLayout(dtype.encode()).decode()
+
+
+def channels_per_block(dtype: str) -> int:
+    """Channels a blocked layer's tensors must come in multiples of (0 where there is no blocked layout)."""
+    return {"nChw16c": 16, "nChw8c": 8, "nhwc": 1, "nchw": 1}.get(blocked_layout(dtype), 0)
+
+
+def plan_count() -> int:
+    """Primitive plans the library holds now."""
+    return load_library().PlanCount()
+
+
+def set_plan_limit(limit: int) -> int:
+    """Keep at most `limit` plans (the least recently used go first); returns the limit in force."""
+    return load_library().SetPlanLimit(int(limit))
+
+
+def scratchpad_bytes() -> int:
+    """The size of the scratchpad every kernel shares."""
+    return load_library().ScratchpadBytes()
+
+
+def probe_convolution_ms(batch: int, channels: int, size: int, out_channels: int, kernel: int, stride: int, *,
+                         bf16: bool, repeats: int = 2) -> float:
+    """Milliseconds for one convolution's forward and both backwards on blocked tensors (best of
+    `repeats` after a warm-up), in float32 or bfloat16."""
+    ms = load_library().ProbeConvolution(batch, channels, size, out_channels, kernel, stride, int(bf16), repeats)
+    if ms < 0:
+        raise RuntimeError(take_error())
+    return ms
+
+
+def peak_gmacs(bf16: bool) -> float:
+    """This CPU's practical multiply-accumulate rate (GMAC/s) in float32 or bfloat16: a large 1x1
+    convolution through the library's oneDNN."""
+    rate = load_library().PeakGmacs(int(bf16))
+    if rate < 0:
+        raise RuntimeError(take_error())
+    return rate

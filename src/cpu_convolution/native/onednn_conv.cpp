@@ -9,18 +9,23 @@
 // blocked layouts (and, above AVX2, falls into a reference kernel). Here convolution primitives are
 // created with `format_tag::any`, so oneDNN chooses. A tensor MindSpore holds as [N, C, H, W] may be
 // in one of two layouts, said by the kernel's parameters: plain NCHW, or "blocked": the layout
-// oneDNN's convolutions choose for the tensor's type, nChw16c for float32 (exactly N*C*H*W floats
-// when C is a multiple of 16) and NHWC for bfloat16 (AMX). Between the layers of a network whose
-// every layer runs here the tensors stay blocked (the normalizations apply the ReLUs and residual
-// additions; sums of gradients are element-wise), so no reorder is needed; where a kernel meets
-// another layout or type, it reorders through a buffer of its plan. Each primitive is created once
-// per shape and types, and cached.
+// oneDNN's convolutions choose on this CPU for the tensor's type, asked once (nChw16c for float32 on
+// AVX-512, nChw8c on AVX2: exactly N*C*H*W floats when C is a multiple of the block; NHWC for
+// bfloat16 on AMX). Between the layers of a network whose every layer runs here the tensors stay
+// blocked (the normalizations apply the ReLUs and residual additions; sums of gradients are
+// element-wise), so no reorder is needed; where a kernel meets another layout or type, it reorders
+// through a buffer of its plan. Each primitive is created once per shape, types, parameters and
+// thread count, and cached (the least recently used beyond a limit are freed); all share one
+// scratchpad. A kernel refuses arguments of another count, type or rank than its slots say, and
+// says why through TakeError in one line naming the kernel and its arguments' shapes.
 //
 // The library links against oneDNN 3.2 under a renamed SONAME (libdnnl_resnet.so.3, see build.sh):
 // MindSpore's own libdnnl.so.3 is already in the process and would otherwise be bound instead.
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -39,45 +44,66 @@ using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 
-// The int32 parameter tensor of the convolution kernels (written by cells.py).
-struct ConvParams {
-    int32_t stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, dilation_h, dilation_w, groups, bf16;
-    int32_t layout;  // bit 0: the input (x, dx) is blocked; bit 1: the output (y, dy) is blocked
-};
-constexpr int kConvParams = 11;
+// The parameter records and argument slots, each defined once here as a list of names; cells.py
+// writes the records and passes the arguments by the same names, and checks them against these lists
+// (RecordFields, KernelSlots) when the library loads, so a field moved on either side is refused.
+//
+// ConvParams (int32): the stride, the padding (pad_top < 0: 'same'), the dilation, the groups, bf16
+// (1: compute in bfloat16), and layout (bit 0: the input (x, dx) is blocked; bit 1: the output (y, dy)).
+#define CONV_PARAMS(F) \
+    F(stride_h) F(stride_w) F(pad_top) F(pad_bottom) F(pad_left) F(pad_right) F(dilation_h) F(dilation_w) F(groups) \
+    F(bf16) F(layout)
+// NormParams (float32): epsilon; global_stats (1: normalize with the given (moving) statistics);
+// momentum: with batch statistics and momentum > 0 the forward moves the given statistics (slots
+// mean and variance) in place, moving = (1 - momentum) * moving + momentum * batch (the variance
+// unbiased), as MindSpore's BatchNorm does (the Python op declares those inputs written);
+// activation: what follows the normalization in the same kernel, 0 none, 1 a ResNet block's ReLU
+// (oneDNN's fuse_norm_relu: the forward writes a workspace of which elements passed, the backward
+// reads it), 2 its residual addition and ReLU (oneDNN 3.2's CPU normalizations do not fuse the
+// addition: oneDNN's binary addition with a ReLU after the forward, and its ReLU backward on the
+// output before the backward, which masks dy and is the residual's gradient).
+#define NORM_PARAMS(F) F(epsilon) F(global_stats) F(momentum) F(activation)
+// PoolParams (int32): a square max pool's window, stride and padding.
+#define POOL_PARAMS(F) F(kernel) F(stride) F(pad)
 
-// The float32 parameter tensor of the batch-normalization kernels.
-struct NormParams {
-    float epsilon, global_stats;  // global_stats 1: normalize with the given (moving) statistics
-    // With batch statistics and momentum > 0, the forward moves the given statistics (slots 3 and 4)
-    // in place: moving = (1 - momentum) * moving + momentum * batch (the variance unbiased), as
-    // MindSpore's BatchNorm does. The Python op declares those inputs written (RW_WRITE).
-    float momentum;
-    // What follows the normalization in the same kernel: a ResNet block's ReLU (oneDNN's
-    // fuse_norm_relu: the forward writes a workspace of which elements passed, the backward reads
-    // it), or its residual addition and ReLU (oneDNN 3.2's CPU normalizations do not fuse the
-    // addition: oneDNN's binary addition with a ReLU after the forward, and its ReLU backward on the
-    // output before the backward, which masks dy and is the residual's gradient).
-    float activation;  // 0: none, 1: ReLU, 2: add the residual, then ReLU
-};
+#define INT32_FIELD(name) int32_t name;
+#define FLOAT_FIELD(name) float name;
+#define NAME_OF(name) #name ","
+struct ConvParams { CONV_PARAMS(INT32_FIELD) };
+struct NormParams { NORM_PARAMS(FLOAT_FIELD) };
+struct PoolParams { POOL_PARAMS(INT32_FIELD) };
 
-// The normalization kernels' argument slots, the same whatever the activation: MindSpore compiles
-// every forward of a graph (a Custom op declaring inputs written) as the first one it meets, so
-// one op with one signature serves them all and the params say what to compute.
-// Forward in: x, gamma, beta, mean, variance, params, residual (read by add_relu alone; otherwise
-// any small tensor); out: y, batch mean, batch variance, workspace (uint8, a byte per element of x;
-// written by ReLU alone).
-// Backward in: x, dy, mean, variance, gamma, params, workspace, y, residual (for its shape); out:
-// dx, dgamma, dbeta, dresidual (dy masked by the ReLU for add_relu; otherwise zeros).
-namespace norm {
-constexpr int kResidual = 6, kY = 7, kMean = 8, kVariance = 9, kWorkspace = 10;
-constexpr int kBackWorkspace = 6, kBackY = 7, kBackResidual = 8, kDx = 9, kDgamma = 10, kDbeta = 11, kDresidual = 12;
-}  // namespace norm
+// Each kernel's argument slots, inputs then outputs. The normalization kernels' slots are the same
+// whatever the activation: MindSpore compiles every forward of a graph (a Custom op declaring inputs
+// written) as the first one it meets, so one op with one signature serves them all and the params
+// say what to compute. The residual is read by add_relu alone (otherwise any small tensor stands
+// in); the workspace is uint8, a byte per element of x, written by ReLU alone; the backward's
+// dresidual is dy masked by the ReLU for add_relu, otherwise zeros. Slots named `*_shape` are read
+// for their shape only. Max pooling's backward runs the forward first (for oneDNN's workspace).
+#define CONV_FORWARD_SLOTS(F) F(x) F(w) F(params) F(y)
+#define CONV_BACKWARD_DATA_SLOTS(F) F(dy) F(w) F(params) F(x_shape) F(dx)
+#define CONV_BACKWARD_WEIGHTS_SLOTS(F) F(x) F(dy) F(params) F(w_shape) F(dw)
+#define NORM_FORWARD_SLOTS(F) \
+    F(x) F(gamma) F(beta) F(mean) F(variance) F(params) F(residual) F(y) F(batch_mean) F(batch_variance) F(workspace)
+#define NORM_BACKWARD_SLOTS(F) \
+    F(x) F(dy) F(mean) F(variance) F(gamma) F(params) F(workspace) F(y) F(residual) F(dx) F(dgamma) F(dbeta) F(dresidual)
+#define POOL_FORWARD_SLOTS(F) F(x) F(params) F(y)
+#define POOL_BACKWARD_SLOTS(F) F(x) F(dy) F(params) F(dx)
+#define REORDER_SLOTS(F) F(x) F(y)
+#define SUM_SLOTS(F) F(a) F(b) F(y)
+#define FORK_SLOTS(F) F(x) F(a) F(b)
 
-// The int32 parameter tensor of the max-pooling kernels.
-struct PoolParams {
-    int32_t kernel, stride, pad;
-};
+#define SLOT_ENUM(name) name,
+namespace conv_forward { enum { CONV_FORWARD_SLOTS(SLOT_ENUM) count }; }
+namespace conv_backward_data { enum { CONV_BACKWARD_DATA_SLOTS(SLOT_ENUM) count }; }
+namespace conv_backward_weights { enum { CONV_BACKWARD_WEIGHTS_SLOTS(SLOT_ENUM) count }; }
+namespace norm_forward { enum { NORM_FORWARD_SLOTS(SLOT_ENUM) count }; }
+namespace norm_backward { enum { NORM_BACKWARD_SLOTS(SLOT_ENUM) count }; }
+namespace pool_forward { enum { POOL_FORWARD_SLOTS(SLOT_ENUM) count }; }
+namespace pool_backward { enum { POOL_BACKWARD_SLOTS(SLOT_ENUM) count }; }
+namespace reorder_slots { enum { REORDER_SLOTS(SLOT_ENUM) count }; }
+namespace sum_slots { enum { SUM_SLOTS(SLOT_ENUM) count }; }
+namespace fork_slots { enum { FORK_SLOTS(SLOT_ENUM) count }; }
 
 enum Kind {
     kConvForward, kConvBackwardData, kConvBackwardWeights, kNormForward, kNormBackward, kPoolForward,
@@ -99,29 +125,77 @@ struct Operand {
 struct Plan {
     dnnl::primitive primitive;
     std::vector<Operand> operands;
-    std::unordered_map<int, memory> owned;  // scratchpad, workspace, outputs nobody reads
+    std::unordered_map<int, memory> owned;  // workspace, outputs nobody reads
+    memory::desc scratchpad;                // what the primitive asks of the shared scratchpad
     std::unique_ptr<Plan> prelude;          // run first (max pooling's backward: its forward, for the workspace)
     std::unique_ptr<Plan> postlude;         // run last (the residual addition after a normalization)
+};
+
+struct CachedPlan {
+    std::unique_ptr<Plan> plan;
+    uint64_t used;  // the state's clock when last run: the least recently used goes first
+};
+
+struct FreeDeleter {
+    void operator()(void *pointer) const { std::free(pointer); }
 };
 
 struct State {
     dnnl::engine engine{dnnl::engine::kind::cpu, 0};
     dnnl::stream stream{engine};
-    std::map<std::string, std::unique_ptr<Plan>> plans;
+    // Plans per shape, types, parameters and thread count, at most plan_limit: a process that meets
+    // many shapes (evaluation's last partial batch, several networks) frees the least recently used.
+    std::map<std::string, CachedPlan> plans;
+    size_t plan_limit = 512;
+    uint64_t clock = 0;
+    // One scratchpad for every primitive (they run one at a time, under the lock), grown to the
+    // largest any has asked for.
+    std::unique_ptr<uint8_t, FreeDeleter> scratchpad;
+    size_t scratchpad_bytes = 0;
+    // The layouts oneDNN's convolutions choose on this CPU, asked once (tag::undef: no such
+    // convolution here, e.g. bfloat16 without AVX512_BF16 or AMX).
+    tag f32_layout = tag::undef, bf16_layout = tag::undef;
     std::mutex lock;  // one kernel at a time: each already uses every thread
 };
 
-int g_threads = 0;
+int g_threads = 0;                             // SetThreads: 0 is OpenMP's default
+const int kDefaultThreads = omp_get_max_threads();  // read when the library loads, before anyone sets it
 std::string g_error;
+// The highest ISA this copy of oneDNN may use: all the CPU has, unless capped before the first
+// primitive (CapIsa, for tests and the benchmark's AVX2 rows).
+dnnl::cpu_isa g_isa = dnnl::cpu_isa::avx512_core_amx_fp16;
+bool g_state_made = false;
+
+tag chosen_layout(const dnnl::engine &engine, dt type);
 
 State &state() {
     static State *instance = [] {
         // MindSpore's copy may be capped at AVX2 (src/device.py) because of its NCHW-only path; this
-        // copy chooses its layouts and should use every instruction the CPU has.
-        dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_amx_fp16);
-        return new State();
+        // copy chooses its layouts and should use every instruction the CPU has. oneDNN refuses the
+        // call once any primitive exists in the process (its own, not MindSpore's: another copy).
+        if (dnnl::set_max_cpu_isa(g_isa) != dnnl::status::success)
+            throw std::runtime_error("oneDNN did not accept its ISA limit (a primitive was created before)");
+        auto *made = new State();
+        made->f32_layout = chosen_layout(made->engine, dt::f32);
+        made->bf16_layout = chosen_layout(made->engine, dt::bf16);
+        g_state_made = true;
+        return made;
     }();
     return *instance;
+}
+
+void use_threads() { omp_set_num_threads(g_threads > 0 ? g_threads : kDefaultThreads); }
+
+// The shared scratchpad, at least `bytes` long (64-byte aligned, as oneDNN prefers).
+void *scratchpad_of(State &s, size_t bytes) {
+    if (bytes > s.scratchpad_bytes) {
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        void *grown = std::aligned_alloc(64, rounded);
+        if (!grown) throw std::bad_alloc();
+        s.scratchpad.reset(static_cast<uint8_t *>(grown));
+        s.scratchpad_bytes = rounded;
+    }
+    return s.scratchpad.get();
 }
 
 memory::dims dims_of(const int64_t *shape, int n) { return memory::dims(shape, shape + n); }
@@ -140,9 +214,35 @@ dt data_type(const char *name) { return std::strcmp(name, "bfloat16") == 0 ? dt:
 // Bytes per element of a float32 or bfloat16 tensor.
 int64_t element_size(const char *name) { return data_type(name) == dt::bf16 ? 2 : 4; }
 
-// An activation as a kernel's parameters say it is laid out (see the header).
+// An activation as a kernel's parameters say it is laid out: plain NCHW, or blocked in the layout
+// this CPU's convolutions choose for its type (nChw16c for float32 on AVX-512, nChw8c on AVX2, NHWC
+// for bfloat16 on AMX: asked of oneDNN once, see chosen_layout).
 memory::desc activation(const memory::dims &shape, dt type, bool blocked) {
-    return memory::desc(shape, type, !blocked ? tag::nchw : type == dt::bf16 ? tag::acdb : tag::aBcd16b);
+    if (!blocked) return memory::desc(shape, type, tag::nchw);
+    const tag layout = type == dt::bf16 ? state().bf16_layout : state().f32_layout;
+    if (layout == tag::undef) throw std::runtime_error("this CPU's oneDNN has no convolution of this type");
+    return memory::desc(shape, type, layout);
+}
+
+// The layouts a blocked activation may have: element counts equal to N*C*H*W when C is a multiple
+// of the block (cells.py keeps other layers plain).
+const std::pair<tag, const char *> kLayouts[] = {
+    {tag::aBcd16b, "nChw16c"}, {tag::aBcd8b, "nChw8c"}, {tag::acdb, "nhwc"}, {tag::abcd, "nchw"}};
+
+// What oneDNN's convolutions choose on this CPU for a ResNet layer's activations (a 3x3, 64
+// channels, 56 px), or tag::undef where it has no such convolution or picks another layout.
+tag chosen_layout(const dnnl::engine &engine, dt type) {
+    const memory::dims x{8, 64, 56, 56}, w{64, 64, 3, 3};
+    try {
+        auto pd = dnnl::convolution_forward::primitive_desc(
+            engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+            memory::desc(x, type, tag::any), memory::desc(w, type, tag::any), memory::desc(x, type, tag::any),
+            {1, 1}, {0, 0}, {1, 1}, {1, 1});
+        for (const auto &layout : kLayouts)
+            if (pd.src_desc() == memory::desc(x, type, layout.first)) return layout.first;
+    } catch (const dnnl::error &) {
+    }
+    return tag::undef;
 }
 
 // The same elements seen as one flat run, for element-wise primitives over tensors of one layout.
@@ -160,7 +260,7 @@ Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, c
 
 template <typename PrimitiveDesc>
 void own_scratchpad(Plan &plan, const PrimitiveDesc &pd) {
-    plan.owned[DNNL_ARG_SCRATCHPAD] = memory(pd.scratchpad_desc(), state().engine);
+    plan.scratchpad = pd.scratchpad_desc();
 }
 
 dnnl::primitive_attr user_scratchpad() {
@@ -189,22 +289,20 @@ void same_padding(ConvParams &p, const memory::dims &x, const memory::dims &w) {
     split(x[3], p.stride_w, w[3], p.dilation_w, p.pad_left, p.pad_right);
 }
 
-// Convolution slots: forward x=0, w=1, y=3; backward-data dy=0, w=1, dx=4 (slot 3: x, shape only);
-// backward-weights x=0, dy=1, dw=4 (slot 3: w, shape only). Slot 2 holds the parameters.
-std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x, const memory::dims &w, const memory::dims &y,
-                                const ConvParams &p, dt x_type, dt y_type) {
+std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const memory::dims &w_dims,
+                                const memory::dims &y_dims, const ConvParams &p, dt x_type, dt y_type) {
     auto &engine = state().engine;
     memory::dims strides{p.stride_h, p.stride_w};
     memory::dims dilation{p.dilation_h - 1, p.dilation_w - 1};
     memory::dims pad_l{p.pad_top, p.pad_left};
     memory::dims pad_r{p.pad_bottom, p.pad_right};
     const dt compute = p.bf16 ? dt::bf16 : dt::f32;
-    auto x_any = memory::desc(x, compute, tag::any);
-    auto y_any = memory::desc(y, compute, tag::any);
-    auto w_any = weights_desc(w, p.groups, compute, tag::any);
-    auto x_user = activation(x, x_type, p.layout & 1);
-    auto y_user = activation(y, y_type, p.layout & 2);
-    auto w_user = weights_desc(w, p.groups, dt::f32, tag::oihw);
+    auto x_any = memory::desc(x_dims, compute, tag::any);
+    auto y_any = memory::desc(y_dims, compute, tag::any);
+    auto w_any = weights_desc(w_dims, p.groups, compute, tag::any);
+    auto x_user = activation(x_dims, x_type, p.layout & 1);
+    auto y_user = activation(y_dims, y_type, p.layout & 2);
+    auto w_user = weights_desc(w_dims, p.groups, dt::f32, tag::oihw);
     auto attr = user_scratchpad();
     auto forward = dnnl::convolution_forward::primitive_desc(
         engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_any, w_any, y_any,
@@ -212,45 +310,49 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x, const memory::
     auto plan = std::make_unique<Plan>();
     if (kind == kConvForward) {
         plan->primitive = dnnl::convolution_forward(forward);
-        plan->operands = {operand(DNNL_ARG_SRC, 0, false, x_user, forward.src_desc()),
-                          operand(DNNL_ARG_WEIGHTS, 1, false, w_user, forward.weights_desc()),
-                          operand(DNNL_ARG_DST, 3, true, y_user, forward.dst_desc())};
+        using namespace conv_forward;
+        plan->operands = {operand(DNNL_ARG_SRC, x, false, x_user, forward.src_desc()),
+                          operand(DNNL_ARG_WEIGHTS, w, false, w_user, forward.weights_desc()),
+                          operand(DNNL_ARG_DST, y, true, y_user, forward.dst_desc())};
         own_scratchpad(*plan, forward);
     } else if (kind == kConvBackwardData) {
         auto backward = dnnl::convolution_backward_data::primitive_desc(
             engine, dnnl::algorithm::convolution_direct, x_any, w_any, y_any, strides, dilation, pad_l, pad_r,
             forward, attr);
         plan->primitive = dnnl::convolution_backward_data(backward);
-        plan->operands = {operand(DNNL_ARG_DIFF_DST, 0, false, y_user, backward.diff_dst_desc()),
-                          operand(DNNL_ARG_WEIGHTS, 1, false, w_user, backward.weights_desc()),
-                          operand(DNNL_ARG_DIFF_SRC, 4, true, x_user, backward.diff_src_desc())};
+        using namespace conv_backward_data;
+        plan->operands = {operand(DNNL_ARG_DIFF_DST, dy, false, y_user, backward.diff_dst_desc()),
+                          operand(DNNL_ARG_WEIGHTS, w, false, w_user, backward.weights_desc()),
+                          operand(DNNL_ARG_DIFF_SRC, dx, true, x_user, backward.diff_src_desc())};
         own_scratchpad(*plan, backward);
     } else {
         // bf16 weight gradients are accumulated in f32 (the master weights' type).
-        auto dw_any = weights_desc(w, p.groups, dt::f32, tag::any);
+        auto dw_any = weights_desc(w_dims, p.groups, dt::f32, tag::any);
         auto backward = dnnl::convolution_backward_weights::primitive_desc(
             engine, dnnl::algorithm::convolution_direct, x_any, dw_any, y_any, strides, dilation, pad_l, pad_r,
             forward, attr);
         plan->primitive = dnnl::convolution_backward_weights(backward);
-        plan->operands = {operand(DNNL_ARG_SRC, 0, false, x_user, backward.src_desc()),
-                          operand(DNNL_ARG_DIFF_DST, 1, false, y_user, backward.diff_dst_desc()),
-                          operand(DNNL_ARG_DIFF_WEIGHTS, 4, true, w_user, backward.diff_weights_desc())};
+        using namespace conv_backward_weights;
+        plan->operands = {operand(DNNL_ARG_SRC, x, false, x_user, backward.src_desc()),
+                          operand(DNNL_ARG_DIFF_DST, dy, false, y_user, backward.diff_dst_desc()),
+                          operand(DNNL_ARG_DIFF_WEIGHTS, dw, true, w_user, backward.diff_weights_desc())};
         own_scratchpad(*plan, backward);
     }
     return plan;
 }
 
 // Batch normalization on blocked tensors, per channel: scale (gamma) and shift (beta), slots as
-// namespace norm says. The batch variance is the biased one oneDNN normalizes with; with global_stats
-// the given statistics are used and are not written out. The workspace is the uint8 tensor the
-// Python op gives it, one byte per element of x: more than oneDNN asks (a bit each), checked here.
-std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormParams &p, int64_t workspace_bytes,
+// NORM_FORWARD_SLOTS and NORM_BACKWARD_SLOTS say. The batch variance is the biased one oneDNN
+// normalizes with; with global_stats the given statistics are used and are not written out. The
+// workspace is the uint8 tensor the Python op gives it, one byte per element of x: more than oneDNN
+// asks (a bit each), checked here.
+std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const NormParams &p, int64_t workspace_bytes,
                                 dt type) {
     auto &engine = state().engine;
     const bool relu = p.activation == 1.f, add = p.activation == 2.f;
-    auto data = activation(x, type, true);
-    auto elements = flat(element_count(4, x.data()), type);
-    auto channel = memory::desc({x[1]}, dt::f32, tag::a);
+    auto data = activation(x_dims, type, true);
+    auto elements = flat(element_count(4, x_dims.data()), type);
+    auto channel = memory::desc({x_dims[1]}, dt::f32, tag::a);
     auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     if (p.global_stats != 0.f) flags = flags | dnnl::normalization_flags::use_global_stats;
     if (relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
@@ -271,13 +373,14 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
     if (kind == kNormForward) {
         plan->primitive = dnnl::batch_normalization_forward(forward);
         const bool given = p.global_stats != 0.f;
-        plan->operands = {operand(DNNL_ARG_SRC, 0, false, data, forward.src_desc()),
-                          operand(DNNL_ARG_SCALE, 1, false, channel, channel),
-                          operand(DNNL_ARG_SHIFT, 2, false, channel, channel),
-                          operand(DNNL_ARG_MEAN, given ? 3 : norm::kMean, !given, channel, channel),
-                          operand(DNNL_ARG_VARIANCE, given ? 4 : norm::kVariance, !given, channel, channel),
-                          operand(DNNL_ARG_DST, norm::kY, true, data, forward.dst_desc())};
-        if (relu) plan->operands.push_back(workspace(norm::kWorkspace));
+        using namespace norm_forward;
+        plan->operands = {operand(DNNL_ARG_SRC, x, false, data, forward.src_desc()),
+                          operand(DNNL_ARG_SCALE, gamma, false, channel, channel),
+                          operand(DNNL_ARG_SHIFT, beta, false, channel, channel),
+                          operand(DNNL_ARG_MEAN, given ? mean : batch_mean, !given, channel, channel),
+                          operand(DNNL_ARG_VARIANCE, given ? variance : batch_variance, !given, channel, channel),
+                          operand(DNNL_ARG_DST, y, true, data, forward.dst_desc())};
+        if (relu) plan->operands.push_back(workspace(norm_forward::workspace));
         own_scratchpad(*plan, forward);
         if (add) {  // y = max(y + residual, 0), in place
             dnnl::post_ops relu_after;
@@ -288,26 +391,26 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
                                                          elements, add_attr);
             plan->postlude = std::make_unique<Plan>();
             plan->postlude->primitive = dnnl::binary(addition);
-            plan->postlude->operands = {operand(DNNL_ARG_SRC_0, norm::kY, false, elements, elements),
-                                        operand(DNNL_ARG_SRC_1, norm::kResidual, false, elements, elements),
-                                        operand(DNNL_ARG_DST, norm::kY, true, elements, elements)};
+            plan->postlude->operands = {operand(DNNL_ARG_SRC_0, y, false, elements, elements),
+                                        operand(DNNL_ARG_SRC_1, residual, false, elements, elements),
+                                        operand(DNNL_ARG_DST, y, true, elements, elements)};
             own_scratchpad(*plan->postlude, addition);
         }
     } else {
         auto backward = dnnl::batch_normalization_backward::primitive_desc(
             engine, dnnl::prop_kind::backward, data, data, data, p.epsilon, flags, forward, attr);
         plan->primitive = dnnl::batch_normalization_backward(backward);
-        plan->operands = {operand(DNNL_ARG_SRC, 0, false, data, backward.src_desc()),
+        using namespace norm_backward;
+        plan->operands = {operand(DNNL_ARG_SRC, x, false, data, backward.src_desc()),
                           // with the residual: dy masked by the output, written by the prelude
-                          operand(DNNL_ARG_DIFF_DST, add ? norm::kDresidual : 1, false, data,
-                                  backward.diff_dst_desc()),
-                          operand(DNNL_ARG_MEAN, 2, false, channel, channel),
-                          operand(DNNL_ARG_VARIANCE, 3, false, channel, channel),
-                          operand(DNNL_ARG_SCALE, 4, false, channel, channel),
-                          operand(DNNL_ARG_DIFF_SRC, norm::kDx, true, data, backward.diff_src_desc()),
-                          operand(DNNL_ARG_DIFF_SCALE, norm::kDgamma, true, channel, channel),
-                          operand(DNNL_ARG_DIFF_SHIFT, norm::kDbeta, true, channel, channel)};
-        if (relu) plan->operands.push_back(workspace(norm::kBackWorkspace));
+                          operand(DNNL_ARG_DIFF_DST, add ? dresidual : dy, false, data, backward.diff_dst_desc()),
+                          operand(DNNL_ARG_MEAN, mean, false, channel, channel),
+                          operand(DNNL_ARG_VARIANCE, variance, false, channel, channel),
+                          operand(DNNL_ARG_SCALE, gamma, false, channel, channel),
+                          operand(DNNL_ARG_DIFF_SRC, dx, true, data, backward.diff_src_desc()),
+                          operand(DNNL_ARG_DIFF_SCALE, dgamma, true, channel, channel),
+                          operand(DNNL_ARG_DIFF_SHIFT, dbeta, true, channel, channel)};
+        if (relu) plan->operands.push_back(workspace(norm_backward::workspace));
         own_scratchpad(*plan, backward);
         if (add) {  // first dresidual = dy where the output passed the ReLU, else 0
             const auto algorithm = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
@@ -317,18 +420,17 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x, const NormPara
                                                                0.f, relu_forward, attr);
             plan->prelude = std::make_unique<Plan>();
             plan->prelude->primitive = dnnl::eltwise_backward(mask);
-            plan->prelude->operands = {operand(DNNL_ARG_DST, norm::kBackY, false, elements, elements),
-                                       operand(DNNL_ARG_DIFF_DST, 1, false, elements, elements),
-                                       operand(DNNL_ARG_DIFF_SRC, norm::kDresidual, true, elements, elements)};
+            plan->prelude->operands = {operand(DNNL_ARG_DST, y, false, elements, elements),
+                                       operand(DNNL_ARG_DIFF_DST, dy, false, elements, elements),
+                                       operand(DNNL_ARG_DIFF_SRC, dresidual, true, elements, elements)};
             own_scratchpad(*plan->prelude, mask);
         }
     }
     return plan;
 }
 
-// Max pooling on blocked tensors; the padding never wins a window (PyTorch's -inf padding).
-// Forward slots: x=0, params=1, y=2. Backward slots: x=0, dy=1, params=2, dx=3; the backward runs
-// the forward first for the positions of the maxima (oneDNN's workspace).
+// Max pooling on blocked tensors; the padding never wins a window (PyTorch's -inf padding). The
+// backward runs the forward first for the positions of the maxima (oneDNN's workspace).
 std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::dims &y, const PoolParams &p,
                                 dt type) {
     auto &engine = state().engine;
@@ -342,8 +444,8 @@ std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::
     auto plan = std::make_unique<Plan>();
     if (kind == kPoolForward) {
         plan->primitive = dnnl::pooling_forward(forward);
-        plan->operands = {operand(DNNL_ARG_SRC, 0, false, in, forward.src_desc()),
-                          operand(DNNL_ARG_DST, 2, true, out, forward.dst_desc())};
+        plan->operands = {operand(DNNL_ARG_SRC, pool_forward::x, false, in, forward.src_desc()),
+                          operand(DNNL_ARG_DST, pool_forward::y, true, out, forward.dst_desc())};
         plan->owned[DNNL_ARG_WORKSPACE] = memory(forward.workspace_desc(), engine);
         own_scratchpad(*plan, forward);
         return plan;
@@ -351,40 +453,41 @@ std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::
     auto workspace = memory(forward.workspace_desc(), engine);
     plan->prelude = std::make_unique<Plan>();
     plan->prelude->primitive = dnnl::pooling_forward(forward);
-    plan->prelude->operands = {operand(DNNL_ARG_SRC, 0, false, in, forward.src_desc())};
+    plan->prelude->operands = {operand(DNNL_ARG_SRC, pool_backward::x, false, in, forward.src_desc())};
     plan->prelude->owned[DNNL_ARG_DST] = memory(forward.dst_desc(), engine);
     plan->prelude->owned[DNNL_ARG_WORKSPACE] = workspace;
     own_scratchpad(*plan->prelude, forward);
     auto backward = dnnl::pooling_backward::primitive_desc(engine, dnnl::algorithm::pooling_max, in, out, strides,
                                                            kernel, dilation, pad, pad, forward, attr);
     plan->primitive = dnnl::pooling_backward(backward);
-    plan->operands = {operand(DNNL_ARG_DIFF_DST, 1, false, out, backward.diff_dst_desc()),
-                      operand(DNNL_ARG_DIFF_SRC, 3, true, in, backward.diff_src_desc())};
+    plan->operands = {operand(DNNL_ARG_DIFF_DST, pool_backward::dy, false, out, backward.diff_dst_desc()),
+                      operand(DNNL_ARG_DIFF_SRC, pool_backward::dx, true, in, backward.diff_src_desc())};
     plan->owned[DNNL_ARG_WORKSPACE] = workspace;
     own_scratchpad(*plan, backward);
     return plan;
 }
 
-// A reorder between the two layouts (and the types of the two tensors): slots x=0, y=1.
+// A reorder between the two layouts (and the types of the two tensors).
 std::unique_ptr<Plan> reorder_plan(Kind kind, const memory::dims &x, dt x_type, dt y_type) {
     auto from = activation(x, x_type, kind == kToPlain), to = activation(x, y_type, kind == kToBlocked);
     auto plan = std::make_unique<Plan>();
     plan->primitive = dnnl::reorder(memory(from, state().engine), memory(to, state().engine));
-    plan->operands = {operand(DNNL_ARG_FROM, 0, false, from, from), operand(DNNL_ARG_TO, 1, true, to, to)};
+    plan->operands = {operand(DNNL_ARG_FROM, reorder_slots::x, false, from, from),
+                      operand(DNNL_ARG_TO, reorder_slots::y, true, to, to)};
     return plan;
 }
 
-// The element-wise sum of two tensors of one shape, type and layout: slots a=0, b=1, y=2 (the
-// gradient of a tensor two layers read; bfloat16 sums are computed in float32, rounded once).
+// The element-wise sum of two tensors of one shape, type and layout (the gradient of a tensor two
+// layers read; bfloat16 sums are computed in float32, rounded once).
 std::unique_ptr<Plan> sum_plan(int64_t count, dt type) {
     auto elements = flat(count, type);
     auto attr = user_scratchpad();
     auto sum = dnnl::sum::primitive_desc(state().engine, elements, {1.f, 1.f}, {elements, elements}, attr);
     auto plan = std::make_unique<Plan>();
     plan->primitive = dnnl::sum(sum);
-    plan->operands = {operand(DNNL_ARG_MULTIPLE_SRC, 0, false, elements, elements),
-                      operand(DNNL_ARG_MULTIPLE_SRC + 1, 1, false, elements, elements),
-                      operand(DNNL_ARG_DST, 2, true, elements, elements)};
+    plan->operands = {operand(DNNL_ARG_MULTIPLE_SRC, sum_slots::a, false, elements, elements),
+                      operand(DNNL_ARG_MULTIPLE_SRC + 1, sum_slots::b, false, elements, elements),
+                      operand(DNNL_ARG_DST, sum_slots::y, true, elements, elements)};
     own_scratchpad(*plan, sum);
     return plan;
 }
@@ -393,6 +496,8 @@ void execute(Plan &plan, void **slots) {
     auto &s = state();
     if (plan.prelude) execute(*plan.prelude, slots);
     std::unordered_map<int, memory> args = plan.owned;
+    if (const size_t bytes = plan.scratchpad.get_size())
+        args[DNNL_ARG_SCRATCHPAD] = memory(plan.scratchpad, s.engine, scratchpad_of(s, bytes));
     for (auto &o : plan.operands) {
         o.user.set_data_handle(slots[o.slot]);
         if (o.reorders && !o.output) o.reorder.execute(s.stream, o.user, o.inner);
@@ -407,46 +512,137 @@ void execute(Plan &plan, void **slots) {
 // Without the residual addition the normalization's backward writes zeros as the gradient of the
 // residual's stand-in (with it, the plan's prelude writes dresidual).
 void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const char *dtype) {
-    std::memset(slots[norm::kDresidual], 0, element_count(ndims, shape) * element_size(dtype));
+    std::memset(slots[norm_backward::dresidual], 0, element_count(ndims, shape) * element_size(dtype));
 }
 
-// The forward's in-place update of the moving statistics from the batch's (see NormParams).
+// The forward's in-place update of the moving statistics from the batch's (see NORM_PARAMS).
 void move_statistics(void **slots, const int64_t *x, const NormParams &p) {
     if (p.global_stats != 0.f || p.momentum <= 0.f) return;
     const int64_t channels = x[1], count = x[0] * x[2] * x[3];
     const float unbias = static_cast<float>(count) / static_cast<float>(std::max<int64_t>(count - 1, 1));
-    auto *moving_mean = static_cast<float *>(slots[3]), *moving_variance = static_cast<float *>(slots[4]);
-    const auto *mean = static_cast<const float *>(slots[norm::kMean]),
-               *variance = static_cast<const float *>(slots[norm::kVariance]);
+    auto *moving_mean = static_cast<float *>(slots[norm_forward::mean]),
+         *moving_variance = static_cast<float *>(slots[norm_forward::variance]);
+    const auto *mean = static_cast<const float *>(slots[norm_forward::batch_mean]),
+               *variance = static_cast<const float *>(slots[norm_forward::batch_variance]);
     for (int64_t c = 0; c < channels; ++c) {
         moving_mean[c] = moving_mean[c] * (1.f - p.momentum) + mean[c] * p.momentum;
         moving_variance[c] = moving_variance[c] * (1.f - p.momentum) + variance[c] * unbias * p.momentum;
     }
 }
 
-bool check(bool ok, const std::string &message) {
-    if (!ok) g_error = message;
-    return ok;
+// What each kernel takes, checked before anything is read: the slot count, where its parameter
+// record is (and of which type and size), which slot is the uint8 workspace, which hold [N, C, H, W]
+// tensors. Every other argument is float32 or bfloat16 (which combinations of those a primitive
+// takes is oneDNN's to say).
+struct KernelInfo {
+    const char *name;
+    const char *slots;  // the names, each followed by a comma
+    int count;
+    int params_slot;  // -1: none
+    size_t params_size;
+    const char *params_dtype;
+    int workspace_slot;  // -1: none
+    std::vector<int> four_d;
+};
+
+const KernelInfo &info(Kind kind) {
+    static const KernelInfo table[] = {
+        {"ConvForward", CONV_FORWARD_SLOTS(NAME_OF), conv_forward::count, conv_forward::params, sizeof(ConvParams),
+         "int32", -1, {conv_forward::x, conv_forward::w, conv_forward::y}},
+        {"ConvBackwardData", CONV_BACKWARD_DATA_SLOTS(NAME_OF), conv_backward_data::count, conv_backward_data::params,
+         sizeof(ConvParams), "int32", -1,
+         {conv_backward_data::dy, conv_backward_data::w, conv_backward_data::x_shape, conv_backward_data::dx}},
+        {"ConvBackwardWeights", CONV_BACKWARD_WEIGHTS_SLOTS(NAME_OF), conv_backward_weights::count,
+         conv_backward_weights::params, sizeof(ConvParams), "int32", -1,
+         {conv_backward_weights::x, conv_backward_weights::dy, conv_backward_weights::w_shape,
+          conv_backward_weights::dw}},
+        {"NormForward", NORM_FORWARD_SLOTS(NAME_OF), norm_forward::count, norm_forward::params, sizeof(NormParams),
+         "float32", norm_forward::workspace, {norm_forward::x, norm_forward::y}},
+        {"NormBackward", NORM_BACKWARD_SLOTS(NAME_OF), norm_backward::count, norm_backward::params,
+         sizeof(NormParams), "float32", norm_backward::workspace,
+         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx}},
+        {"PoolForward", POOL_FORWARD_SLOTS(NAME_OF), pool_forward::count, pool_forward::params, sizeof(PoolParams),
+         "int32", -1, {pool_forward::x, pool_forward::y}},
+        {"PoolBackward", POOL_BACKWARD_SLOTS(NAME_OF), pool_backward::count, pool_backward::params,
+         sizeof(PoolParams), "int32", -1, {pool_backward::x, pool_backward::dy, pool_backward::dx}},
+        {"ToPlain", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1, {reorder_slots::x, reorder_slots::y}},
+        {"ToBlocked", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1,
+         {reorder_slots::x, reorder_slots::y}},
+        {"Sum", SUM_SLOTS(NAME_OF), sum_slots::count, -1, 0, "", -1, {}},
+    };
+    return table[kind];
 }
 
-// The parameters and workspace of their types; every other argument float32 or bfloat16 (which
-// combinations of those a primitive takes is oneDNN's to say).
-bool dtypes_are(int nparam, const char **dtypes, int params_slot, const char *params_dtype, int bytes_slot) {
+// "x float32[8,64,56,56], w float32[64,64,3,3], ...": the arguments a failed kernel was given.
+std::string arguments_text(const char *slots, int nparam, int *ndims, int64_t **shapes, const char **dtypes) {
+    std::vector<std::string> names;
+    for (const char *name = slots; name && *name;) {
+        const char *comma = std::strchr(name, ',');
+        names.emplace_back(name, comma - name);
+        name = comma + 1;
+    }
+    std::string text;
+    for (int i = 0; i < nparam; ++i) {
+        text += (i ? ", " : "") + (static_cast<size_t>(i) < names.size() ? names[i] : "#" + std::to_string(i)) + " " +
+                dtypes[i] + "[";
+        for (int d = 0; d < ndims[i]; ++d) text += (d ? "," : "") + std::to_string(shapes[i][d]);
+        text += "]";
+    }
+    return text;
+}
+
+// Records the one-line message LastError gives back: the kernel, its arguments, what went wrong.
+int fail(const char *name, const char *slots, int nparam, int *ndims, int64_t **shapes, const char **dtypes,
+         const std::string &problem) {
+    g_error = std::string(name) + "(" + arguments_text(slots, nparam, ndims, shapes, dtypes) + "): " + problem;
+    return 1;
+}
+
+// Why a kernel cannot take these arguments, or "" when it can.
+std::string arguments_problem(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes,
+                              const char **dtypes) {
+    const KernelInfo &k = info(kind);
+    if (nparam != k.count)
+        return "takes " + std::to_string(k.count) + " arguments, was given " + std::to_string(nparam);
     for (int i = 0; i < nparam; ++i) {
         const std::string type = dtypes[i];
-        const bool ok = i == params_slot  ? type == params_dtype
-                        : i == bytes_slot ? type == "uint8"
-                                          : type == "float32" || type == "bfloat16";
-        if (!check(ok, "argument " + std::to_string(i) + " is " + type + ", not " +
-                           (i == params_slot ? params_dtype : i == bytes_slot ? "uint8" : "float32 or bfloat16")))
-            return false;
+        const char *wanted = i == k.params_slot ? k.params_dtype : i == k.workspace_slot ? "uint8" : nullptr;
+        if (wanted ? type != wanted : type != "float32" && type != "bfloat16")
+            return "argument " + std::to_string(i) + " is " + type + ", not " + (wanted ? wanted : "float32 or bfloat16");
     }
-    return true;
+    for (int i : k.four_d)
+        if (ndims[i] != 4) return "argument " + std::to_string(i) + " has " + std::to_string(ndims[i]) + " dimensions, not 4";
+    if (k.params_slot >= 0 &&
+        (ndims[k.params_slot] != 1 || static_cast<size_t>(shapes[k.params_slot][0]) * 4 != k.params_size))
+        return "the parameter record holds " + std::to_string(element_count(ndims[k.params_slot], shapes[k.params_slot])) +
+               " values, not " + std::to_string(k.params_size / 4);
+    if (kind == kNormForward || kind == kNormBackward) {
+        const auto &p = *static_cast<const NormParams *>(params[k.params_slot]);
+        if (p.activation != 0.f && p.activation != 1.f && p.activation != 2.f)
+            return "the normalization's activation " + std::to_string(p.activation) + " is not 0, 1 or 2";
+        const int residual = kind == kNormForward ? int(norm_forward::residual) : int(norm_backward::residual);
+        if (p.activation == 2.f && (element_count(ndims[residual], shapes[residual]) != element_count(4, shapes[0]) ||
+                                    std::strcmp(dtypes[residual], dtypes[0]) != 0))
+            return "the residual added after the normalization is not of its input's shape and type";
+    }
+    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
+        const auto &p = *static_cast<const ConvParams *>(params[k.params_slot]);
+        if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1 || p.groups < 1 ||
+            (p.bf16 != 0 && p.bf16 != 1) || p.layout < 0 || p.layout > 3)
+            return "the convolution's parameter record is out of range (stride, dilation and groups >= 1, bf16 0 or "
+                   "1, layout 0-3)";
+    }
+    if (kind == kPoolForward || kind == kPoolBackward) {
+        const auto &p = *static_cast<const PoolParams *>(params[k.params_slot]);
+        if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || p.pad >= p.kernel)
+            return "the pooling's parameter record is out of range";
+    }
+    return "";
 }
 
 std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const char **dtypes, const void *params,
                    size_t size) {
-    std::string key = std::to_string(kind);
+    std::string key = std::to_string(kind) + ";threads " + std::to_string(omp_get_max_threads());
     for (int i = 0; i < nparam; ++i) {
         key += std::string(";") + dtypes[i];
         for (int d = 0; d < ndims[i]; ++d) key += "," + std::to_string(shapes[i][d]);
@@ -455,105 +651,105 @@ std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const ch
     return key;
 }
 
-int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    try {
-        // Which argument holds the parameters, and how many bytes they are.
-        int params_slot = -1;
-        size_t params_size = 0;
-        const char *params_dtype = "int32";
-        if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights)
-            params_slot = 2, params_size = sizeof(ConvParams);
-        else if (kind == kNormForward || kind == kNormBackward)
-            params_slot = 5, params_size = sizeof(NormParams), params_dtype = "float32";
-        else if (kind == kPoolForward)
-            params_slot = 1, params_size = sizeof(PoolParams);
-        else if (kind == kPoolBackward)
-            params_slot = 2, params_size = sizeof(PoolParams);
-        if (params_slot >= 0 &&
-            !check(ndims[params_slot] == 1 &&
-                       static_cast<size_t>(shapes[params_slot][0]) * 4 == params_size,
-                   "the parameter tensor holds " + std::to_string(shapes[params_slot][0]) + " values, not " +
-                       std::to_string(params_size / 4)))
-            return 1;
-        // The normalizations' workspace (uint8), when they apply an activation.
-        const bool normalizes = kind == kNormForward || kind == kNormBackward;
-        int workspace_slot = -1;
-        if (normalizes) workspace_slot = kind == kNormForward ? norm::kWorkspace : norm::kBackWorkspace;
-        if (!dtypes_are(nparam, dtypes, params_slot, params_dtype, workspace_slot)) return 1;
-        const int64_t workspace_bytes =
-            workspace_slot >= 0 ? element_count(ndims[workspace_slot], shapes[workspace_slot]) : 0;
-        const bool adds_residual =
-            normalizes && static_cast<const NormParams *>(params[params_slot])->activation == 2.f;
-        if (adds_residual) {
-            const int residual = kind == kNormForward ? norm::kResidual : norm::kBackResidual;
-            if (!check(element_count(ndims[residual], shapes[residual]) == element_count(ndims[0], shapes[0]) &&
-                           std::strcmp(dtypes[residual], dtypes[0]) == 0,
-                       "the residual added after the normalization is not of its input's shape and type"))
-                return 1;
+std::unique_ptr<Plan> make_plan(Kind kind, int *ndims, int64_t **shapes, const char **dtypes, const void *raw,
+                                int64_t workspace_bytes) {
+    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
+        ConvParams p;
+        std::memcpy(&p, raw, sizeof(p));
+        memory::dims x, w, y;
+        int x_slot, y_slot;  // the x and y (or dx and dy) arguments, whose types the user descriptors take
+        if (kind == kConvForward) {
+            x = dims_of(shapes[conv_forward::x], 4), w = dims_of(shapes[conv_forward::w], 4);
+            y = dims_of(shapes[conv_forward::y], 4), x_slot = conv_forward::x, y_slot = conv_forward::y;
+        } else if (kind == kConvBackwardData) {
+            x = dims_of(shapes[conv_backward_data::x_shape], 4), w = dims_of(shapes[conv_backward_data::w], 4);
+            y = dims_of(shapes[conv_backward_data::dy], 4);
+            x_slot = conv_backward_data::dx, y_slot = conv_backward_data::dy;
+        } else {
+            x = dims_of(shapes[conv_backward_weights::x], 4), w = dims_of(shapes[conv_backward_weights::w_shape], 4);
+            y = dims_of(shapes[conv_backward_weights::dy], 4);
+            x_slot = conv_backward_weights::x, y_slot = conv_backward_weights::dy;
         }
+        if (p.pad_top < 0) same_padding(p, x, w);
+        return conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]));
+    }
+    if (kind == kNormForward || kind == kNormBackward) {
+        NormParams p;
+        std::memcpy(&p, raw, sizeof(p));
+        return norm_plan(kind, dims_of(shapes[0], 4), p, workspace_bytes, data_type(dtypes[0]));
+    }
+    if (kind == kPoolForward || kind == kPoolBackward) {
+        PoolParams p;
+        std::memcpy(&p, raw, sizeof(p));
+        auto y = kind == kPoolForward ? shapes[pool_forward::y] : shapes[pool_backward::dy];
+        return pool_plan(kind, dims_of(shapes[0], 4), dims_of(y, 4), p, data_type(dtypes[0]));
+    }
+    if (kind == kSum) return sum_plan(element_count(ndims[0], shapes[0]), data_type(dtypes[0]));
+    return reorder_plan(kind, dims_of(shapes[0], 4), data_type(dtypes[0]), data_type(dtypes[1]));
+}
+
+// The cached plan for `key`, made by `make` when missing; the least recently used go beyond the limit.
+template <typename Make>
+Plan &cached_plan(State &s, const std::string &key, Make make) {
+    auto found = s.plans.find(key);
+    if (found == s.plans.end()) {
+        auto plan = make();
+        while (!s.plans.empty() && s.plans.size() >= s.plan_limit)
+            s.plans.erase(std::min_element(s.plans.begin(), s.plans.end(), [](const auto &a, const auto &b) {
+                return a.second.used < b.second.used;
+            }));
+        found = s.plans.emplace(key, CachedPlan{std::move(plan), 0}).first;
+    }
+    found->second.used = ++s.clock;
+    return *found->second.plan;
+}
+
+int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    const KernelInfo &k = info(kind);
+    try {
         auto &s = state();
         std::lock_guard<std::mutex> guard(s.lock);
-        if (g_threads > 0) omp_set_num_threads(g_threads);
-        const void *raw = params_slot >= 0 ? params[params_slot] : "";
-        auto &plan = s.plans[key_of(kind, nparam, ndims, shapes, dtypes, raw, params_size)];
-        if (!plan) {
-            const int out = nparam - 1;
-            if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
-                ConvParams p;
-                std::memcpy(&p, raw, sizeof(p));
-                auto x = dims_of(kind == kConvBackwardData ? shapes[3] : shapes[0], 4);
-                auto w = dims_of(kind == kConvBackwardWeights ? shapes[3] : shapes[1], 4);
-                auto y = dims_of(kind == kConvForward ? shapes[out] : kind == kConvBackwardData ? shapes[0]
-                                                                                                : shapes[1], 4);
-                if (p.pad_top < 0) same_padding(p, x, w);
-                // the x and y (or dx and dy) arguments, whose types the user descriptors take
-                const int x_slot = kind == kConvBackwardData ? 4 : 0;
-                const int y_slot = kind == kConvForward ? 3 : kind == kConvBackwardData ? 0 : 1;
-                plan = conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]));
-            } else if (normalizes) {
-                NormParams p;
-                std::memcpy(&p, raw, sizeof(p));
-                plan = norm_plan(kind, dims_of(shapes[0], 4), p, workspace_bytes, data_type(dtypes[0]));
-            } else if (kind == kPoolForward || kind == kPoolBackward) {
-                PoolParams p;
-                std::memcpy(&p, raw, sizeof(p));
-                plan = pool_plan(kind, dims_of(shapes[0], 4), dims_of(kind == kPoolForward ? shapes[out] : shapes[1], 4),
-                                 p, data_type(dtypes[0]));
-            } else if (kind == kSum) {
-                plan = sum_plan(element_count(ndims[0], shapes[0]), data_type(dtypes[0]));
-            } else {
-                plan = reorder_plan(kind, dims_of(shapes[0], 4), data_type(dtypes[0]), data_type(dtypes[1]));
-            }
-        }
-        if (kind == kNormBackward && !adds_residual)
-            zero_stand_in_gradient(params, shapes[norm::kBackResidual], ndims[norm::kBackResidual],
-                                   dtypes[norm::kBackResidual]);
-        execute(*plan, params);
+        const std::string problem = arguments_problem(kind, nparam, params, ndims, shapes, dtypes);
+        if (!problem.empty()) return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, problem);
+        use_threads();
+        const void *raw = k.params_slot >= 0 ? params[k.params_slot] : "";
+        const int64_t workspace_bytes =
+            k.workspace_slot >= 0 ? element_count(ndims[k.workspace_slot], shapes[k.workspace_slot]) : 0;
+        auto &plan = cached_plan(s, key_of(kind, nparam, ndims, shapes, dtypes, raw, k.params_size),
+                                 [&] { return make_plan(kind, ndims, shapes, dtypes, raw, workspace_bytes); });
+        if (kind == kNormBackward && static_cast<const NormParams *>(raw)->activation != 2.f)
+            zero_stand_in_gradient(params, shapes[norm_backward::residual], ndims[norm_backward::residual],
+                                   dtypes[norm_backward::residual]);
+        execute(plan, params);
         s.stream.wait();
         if (kind == kNormForward) move_statistics(params, shapes[0], *static_cast<const NormParams *>(raw));
         return 0;
     } catch (const dnnl::error &e) {
-        g_error = std::string("oneDNN: ") + e.what();
+        return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, std::string("oneDNN: ") + e.what());
     } catch (const std::exception &e) {
-        g_error = e.what();
+        return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, e.what());
     }
-    return 1;
 }
 
-// Two copies of one float32 or bfloat16 tensor (slots x=0, copies 1 and 2): a tensor two layers
-// read, each from its own copy, so that MindSpore need not sum the two gradients (its CPU sum of
-// gradients, AddN, has no bfloat16 kernel); kSum is the backward.
+// The kernels below do not use oneDNN but share its threads and the error message: they take the lock too.
+
+// Two copies of one float32 or bfloat16 tensor: a tensor two layers read, each from its own copy, so
+// that MindSpore need not sum the two gradients (its CPU sum of gradients, AddN, has no bfloat16
+// kernel); Sum is the backward.
 int fork_copies(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    const std::string type = dtypes[0];
-    if (!check(nparam == 3 && (type == "float32" || type == "bfloat16") && type == dtypes[1] && type == dtypes[2],
-               "Fork takes one float32 or bfloat16 tensor and returns two of its type"))
-        return 1;
+    std::lock_guard<std::mutex> guard(state().lock);
+    const char *slots = FORK_SLOTS(NAME_OF);
+    const std::string type = nparam == fork_slots::count ? dtypes[0] : "";
+    if (nparam != fork_slots::count || (type != "float32" && type != "bfloat16") || type != dtypes[1] ||
+        type != dtypes[2])
+        return fail("Fork", slots, nparam, ndims, shapes, dtypes,
+                    "takes one float32 or bfloat16 tensor and returns two of its type");
     const int64_t bytes = element_count(ndims[0], shapes[0]) * element_size(dtypes[0]);
-    const char *x = static_cast<const char *>(params[0]);
-    char *a = static_cast<char *>(params[1]), *b = static_cast<char *>(params[2]);
+    const char *x = static_cast<const char *>(params[fork_slots::x]);
+    char *a = static_cast<char *>(params[fork_slots::a]), *b = static_cast<char *>(params[fork_slots::b]);
     constexpr int64_t chunk = 1 << 16;
     const int64_t chunks = (bytes + chunk - 1) / chunk;
-    if (g_threads > 0) omp_set_num_threads(g_threads);
+    use_threads();
 #pragma omp parallel for if (chunks > 4)
     for (int64_t c = 0; c < chunks; ++c) {
         const int64_t begin = c * chunk, size = std::min(chunk, bytes - begin);
@@ -563,18 +759,26 @@ int fork_copies(int nparam, void **params, int *ndims, int64_t **shapes, const c
     return 0;
 }
 
+bool all_float32(int nparam, const char **dtypes) {
+    for (int i = 0; i < nparam; ++i)
+        if (std::strcmp(dtypes[i], "float32") != 0) return false;
+    return true;
+}
+
 // 1.0 when every element of every float32 input is finite, else 0.0 (the last argument, one float):
 // the training step's check of its gradients as one multi-threaded pass, where MindSpore's CPU
 // kernels take a reduction per tensor.
 int all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    std::lock_guard<std::mutex> guard(state().lock);
+    if (nparam < 2 || !all_float32(nparam, dtypes) || element_count(ndims[nparam - 1], shapes[nparam - 1]) != 1)
+        return fail("AllFinite", "", nparam, ndims, shapes, dtypes,
+                    "takes float32 tensors and returns one float32 value");
+    use_threads();
     bool finite = true;
     for (int i = 0; i < nparam - 1 && finite; ++i) {
-        if (!check(std::strcmp(dtypes[i], "float32") == 0, std::string("AllFinite takes float32, not ") + dtypes[i]))
-            return 1;
         const int64_t count = element_count(ndims[i], shapes[i]);
         const uint32_t *bits = static_cast<const uint32_t *>(params[i]);
         int bad = 0;
-        if (g_threads > 0) omp_set_num_threads(g_threads);
 #pragma omp parallel for reduction(| : bad) if (count > (1 << 16))
         for (int64_t j = 0; j < count; ++j) bad |= inf_or_nan(bits[j]);
         finite = !bad;
@@ -588,14 +792,16 @@ int all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const ch
 // times the factor, then 1.0 when every product is finite, else 0.0. MindSpore's CPU Mul took
 // ~100 ms of a ResNet50 step for the 161 products alone (a scalar broadcast, one thread).
 int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    std::lock_guard<std::mutex> guard(state().lock);
     const int n = (nparam - 2) / 2;
-    if (!check(nparam == 2 * n + 2 && n > 0, "UnscaleAllFinite takes a factor and n gradients, returns n + 1"))
-        return 1;
-    for (int i = 0; i < nparam; ++i)
-        if (!check(std::strcmp(dtypes[i], "float32") == 0, std::string("UnscaleAllFinite takes float32, not ") + dtypes[i]))
-            return 1;
+    bool ok = nparam == 2 * n + 2 && n > 0 && all_float32(nparam, dtypes) && element_count(ndims[0], shapes[0]) == 1;
+    for (int i = 0; ok && i < n; ++i)
+        ok = element_count(ndims[1 + i], shapes[1 + i]) == element_count(ndims[1 + n + i], shapes[1 + n + i]);
+    if (!ok)
+        return fail("UnscaleAllFinite", "", nparam, ndims, shapes, dtypes,
+                    "takes a float32 factor and n float32 gradients, returns the n products and one value");
     const float factor = *static_cast<const float *>(params[0]);
-    if (g_threads > 0) omp_set_num_threads(g_threads);
+    use_threads();
     int bad = 0;
     for (int i = 0; i < n; ++i) {
         const int64_t count = element_count(ndims[1 + i], shapes[1 + i]);
@@ -614,6 +820,90 @@ int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, 
     }
     *static_cast<float *>(params[nparam - 1]) = bad ? 0.f : 1.f;
     return 0;
+}
+
+// A buffer for the probes below, 64-byte aligned and zeroed.
+std::unique_ptr<uint8_t, FreeDeleter> zeroed(size_t bytes) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    std::unique_ptr<uint8_t, FreeDeleter> buffer(static_cast<uint8_t *>(std::aligned_alloc(64, rounded)));
+    if (!buffer) throw std::bad_alloc();
+    std::memset(buffer.get(), 0, rounded);
+    return buffer;
+}
+
+double milliseconds_since(const std::chrono::steady_clock::time_point &start) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The best of `repeats` timings of one convolution's forward and both backwards, activations
+// blocked in `type` between layers as in a network (weights float32 OIHW, reordered per call):
+// what a layer of a training step costs in float32 or in bfloat16.
+double probe_convolution(const memory::dims &x, int64_t out_channels, int64_t kernel, int64_t stride, dt type,
+                         int repeats) {
+    const int64_t pad = kernel / 2, out_size = (x[2] + 2 * pad - kernel) / stride + 1;
+    const memory::dims w{out_channels, x[1], kernel, kernel}, y{x[0], out_channels, out_size, out_size};
+    const int32_t s32 = static_cast<int32_t>(stride), p32 = static_cast<int32_t>(pad);
+    const ConvParams p{s32, s32, p32, p32, p32, p32, 1, 1, 1, type == dt::bf16, 3};
+    const int64_t bytes = type == dt::bf16 ? 2 : 4;
+    auto x_buffer = zeroed(element_count(4, x.data()) * bytes), dx_buffer = zeroed(element_count(4, x.data()) * bytes);
+    auto y_buffer = zeroed(element_count(4, y.data()) * bytes), w_buffer = zeroed(element_count(4, w.data()) * 4);
+    auto dw_buffer = zeroed(element_count(4, w.data()) * 4);
+    auto forward = conv_plan(kConvForward, x, w, y, p, type, type);
+    auto backward_data = conv_plan(kConvBackwardData, x, w, y, p, type, type);
+    auto backward_weights = conv_plan(kConvBackwardWeights, x, w, y, p, type, type);
+    void *forward_slots[] = {x_buffer.get(), w_buffer.get(), nullptr, y_buffer.get()};
+    void *data_slots[] = {y_buffer.get(), w_buffer.get(), nullptr, nullptr, dx_buffer.get()};
+    void *weights_slots[] = {x_buffer.get(), y_buffer.get(), nullptr, nullptr, dw_buffer.get()};
+    auto &s = state();
+    double best = 1e30;
+    for (int r = 0; r <= repeats; ++r) {  // the first run is a warm-up
+        const auto start = std::chrono::steady_clock::now();
+        execute(*forward, forward_slots);
+        execute(*backward_data, data_slots);
+        execute(*backward_weights, weights_slots);
+        s.stream.wait();
+        if (r > 0) best = std::min(best, milliseconds_since(start));
+    }
+    return best;
+}
+
+// This CPU's practical multiply-accumulate rate in `type`: a large 1x1 convolution (a matrix
+// multiply, 32 x 512 x 28 x 28 -> 512 channels), forward only, best of five, in GMAC/s.
+double peak_gmacs(dt type) {
+    const memory::dims x{32, 512, 28, 28}, w{512, 512, 1, 1}, y{32, 512, 28, 28};
+    const ConvParams p{1, 1, 0, 0, 0, 0, 1, 1, 1, type == dt::bf16, 3};
+    const int64_t bytes = type == dt::bf16 ? 2 : 4;
+    auto x_buffer = zeroed(element_count(4, x.data()) * bytes), y_buffer = zeroed(element_count(4, y.data()) * bytes);
+    auto w_buffer = zeroed(element_count(4, w.data()) * 4);
+    auto forward = conv_plan(kConvForward, x, w, y, p, type, type);
+    void *slots[] = {x_buffer.get(), w_buffer.get(), nullptr, y_buffer.get()};
+    auto &s = state();
+    double best = 1e30;
+    for (int r = 0; r <= 5; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        execute(*forward, slots);
+        s.stream.wait();
+        if (r > 0) best = std::min(best, milliseconds_since(start));
+    }
+    return 32.0 * 512 * 512 * 28 * 28 / (best * 1e6);
+}
+
+const std::pair<const char *, dnnl::cpu_isa> kIsas[] = {
+    {"avx2", dnnl::cpu_isa::avx2}, {"avx512_core", dnnl::cpu_isa::avx512_core},
+    {"avx512_core_bf16", dnnl::cpu_isa::avx512_core_bf16}, {"avx512_core_amx", dnnl::cpu_isa::avx512_core_amx},
+    {"all", dnnl::cpu_isa::avx512_core_amx_fp16}};
+
+const char *record_fields(const std::string &record) {
+    if (record == "ConvParams") return CONV_PARAMS(NAME_OF);
+    if (record == "NormParams") return NORM_PARAMS(NAME_OF);
+    if (record == "PoolParams") return POOL_PARAMS(NAME_OF);
+    return "";
+}
+
+const char *kernel_slots(const std::string &kernel) {
+    for (int kind = kConvForward; kind <= kSum; ++kind)
+        if (kernel == info(static_cast<Kind>(kind)).name) return info(static_cast<Kind>(kind)).slots;
+    return kernel == "Fork" ? FORK_SLOTS(NAME_OF) : "";
 }
 
 }  // namespace
@@ -650,14 +940,101 @@ EXPORT int UnscaleAllFinite(int nparam, void **params, int *ndims, int64_t **sha
     return unscale_all_finite(nparam, params, ndims, shapes, dtypes);
 }
 
-// For the Python side (ctypes): threads per kernel (0: OpenMP's default), the oneDNN version this
-// library runs (to prove the private copy is the one bound), and the last error.
-EXPORT void SetThreads(int threads) { g_threads = threads; }
+// For the Python side (ctypes, library.py).
 
+// Threads per kernel (0: OpenMP's default, as when the library loaded).
+EXPORT void SetThreads(int threads) { g_threads = std::max(threads, 0); }
+
+// The oneDNN version this library runs (to prove the private copy is the one bound).
 EXPORT int OneDnnVersion() {
     const dnnl_version_t *v = dnnl_version();
     return v->major * 10000 + v->minor * 100 + v->patch;
 }
 
-EXPORT const char *LastError() { return g_error.c_str(); }
+// The message of the last kernel that failed ("" when none since the last call), cleared as read.
+EXPORT const char *TakeError() {
+    static std::string taken;  // read by Python after a kernel failed, when no kernel runs
+    taken.swap(g_error);
+    g_error.clear();
+    return taken.c_str();
+}
+
+// The names of a parameter record's fields and of a kernel's argument slots, in order, each followed
+// by a comma ("" for an unknown name).
+EXPORT const char *RecordFields(const char *record) { return record_fields(record); }
+EXPORT const char *KernelSlots(const char *kernel) { return kernel_slots(kernel); }
+
+// Caps this copy of oneDNN's ISA (avx2, avx512_core, avx512_core_bf16, avx512_core_amx, all); only
+// before its first primitive. 0: done; 1: too late; 2: an unknown name.
+EXPORT int CapIsa(const char *name) {
+    for (const auto &isa : kIsas)
+        if (std::strcmp(name, isa.first) == 0) {
+            if (g_state_made) return 1;
+            g_isa = isa.second;
+            return 0;
+        }
+    return 2;
+}
+
+// The name of the ISA limit in force (CapIsa's names).
+EXPORT const char *IsaCap() {
+    for (const auto &isa : kIsas)
+        if (isa.second == g_isa) return isa.first;
+    return "";
+}
+
+// The layout blocked activations of a type ("float32", "bfloat16") have on this CPU: nChw16c,
+// nChw8c, nhwc or nchw; "" where oneDNN has no such convolution here or chose another layout.
+EXPORT const char *BlockedLayout(const char *dtype) {
+    try {
+        const tag layout = data_type(dtype) == dt::bf16 ? state().bf16_layout : state().f32_layout;
+        for (const auto &known : kLayouts)
+            if (known.first == layout) return known.second;
+    } catch (const std::exception &e) {
+        g_error = e.what();
+    }
+    return "";
+}
+
+// Plans cached now, and the most that are kept (a limit below 1 leaves it as it is).
+EXPORT int PlanCount() {
+    std::lock_guard<std::mutex> guard(state().lock);
+    return static_cast<int>(state().plans.size());
+}
+EXPORT int SetPlanLimit(int limit) {
+    auto &s = state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    if (limit > 0) s.plan_limit = static_cast<size_t>(limit);
+    return static_cast<int>(s.plan_limit);
+}
+EXPORT int64_t ScratchpadBytes() { return static_cast<int64_t>(state().scratchpad_bytes); }
+
+// Milliseconds for one convolution's forward and both backwards (probe_convolution), or -1 with
+// TakeError's message.
+EXPORT double ProbeConvolution(int64_t batch, int64_t channels, int64_t size, int64_t out_channels, int64_t kernel,
+                               int64_t stride, int bf16, int repeats) {
+    try {
+        auto &s = state();
+        std::lock_guard<std::mutex> guard(s.lock);
+        use_threads();
+        return probe_convolution({batch, channels, size, size}, out_channels, kernel, stride, bf16 ? dt::bf16 : dt::f32,
+                                 std::max(repeats, 1));
+    } catch (const std::exception &e) {
+        g_error = std::string("ProbeConvolution: ") + e.what();
+        return -1;
+    }
+}
+
+// GMAC/s of a large 1x1 convolution (peak_gmacs), or -1 with TakeError's message.
+EXPORT double PeakGmacs(int bf16) {
+    try {
+        auto &s = state();
+        std::lock_guard<std::mutex> guard(s.lock);
+        use_threads();
+        return peak_gmacs(bf16 ? dt::bf16 : dt::f32);
+    } catch (const std::exception &e) {
+        g_error = std::string("PeakGmacs: ") + e.what();
+        return -1;
+    }
+}
 }
