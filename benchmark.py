@@ -850,7 +850,7 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     """All measurements for one configuration; MindSpore and PyTorch alternate repeat by repeat,
     each in its own process."""
     report = {"net": net_name, "batch_size": batch, "image_size": size, "threads": args.threads,
-              "workers": args.workers}
+              "workers": args.workers, **cpu_capacity(net_name, batch, size, args.threads)}
     workers = []
     try:
         for framework in compute_paths(args.vs_torch):
@@ -887,7 +887,36 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     report["mindspore"]["train_end_to_end_img_per_s"] = data["train_end_to_end_img_per_s"]
     report["ratios"] = _ratios(report)
     report["model"] = model_figures(report)
+    report["gmacs_per_s"] = {path: achieved_gmacs(report, path) for path in (*MINDSPORE_WORKERS, *TORCH_WORKERS)
+                             if path in report}
     return report
+
+
+def cpu_capacity(net_name: str, batch: int, size: int, threads: int) -> Dict:
+    """What train.py runs on this CPU (`default_path`; and with amp on, the precision its probe
+    chooses, `amp_choice`), and this CPU's peak multiply-accumulate rates (`peak_gmacs`: a large
+    oneDNN 1x1 convolution in float32 and bfloat16, null where there is none), measured before the
+    workers start, on `threads` threads."""
+    from src.cpu_convolution import choose_convolutions, library, unavailable_reason
+    from src.resnet import probe_layers
+    if unavailable_reason():
+        return {"default_path": "mindspore", "amp_choice": None, "peak_gmacs": None}
+    library.set_threads(threads)
+    choice, note = choose_convolutions("auto", device_target="CPU", amp_level="O2", threads=threads,
+                                       probe_layers=probe_layers(net_name, size, batch))
+    peak = {"float32": round(library.peak_gmacs(bf16=False), 1),
+            "bfloat16": round(library.peak_gmacs(bf16=True), 1) if library.channels_per_block("bfloat16") else None}
+    return {"default_path": "ours", "amp_choice": {"path": "ours_bf16" if choice == "onednn-bf16" else "ours",
+                                                   "note": note}, "peak_gmacs": peak}
+
+
+def achieved_gmacs(report: Dict, path: str) -> Dict[str, float]:
+    """Multiply-accumulates per second of `path`: training counts three forward passes per image."""
+    from src.training.model_summary import TRAIN_PASSES
+    gmacs, measured = report["model"]["gflops"], report[path]
+    rates = {"train": gmacs * TRAIN_PASSES * measured["train_compute_img_per_s"]}
+    rates.update({label: gmacs * measured[label]["img_per_s"] for label in measured if label.startswith("eval_batch_")})
+    return {label: round(rate, 1) for label, rate in rates.items()}
 
 
 def model_figures(report: Dict) -> Dict:
@@ -977,8 +1006,11 @@ def format_table(reports: List[Dict]) -> str:
     for r in reports:
         ms_result, torch_result = r["mindspore"], r.get("torch")
         lines.append(f"{r['net']} batch {r['batch_size']} @ {r['image_size']}px, {r['threads']} threads, "
-                     f"{r['workers']} pipeline workers")
-        lines.append(f"  {'measure':<38}{'MindSpore':>22}{'PyTorch':>22}{'ratio':>8}")
+                     f"{r['workers']} pipeline workers, on {r['cpu']}")
+        lines += _cpu_path_rows(r)
+        lines.append("  MindSpore's own CPU convolutions beside PyTorch eager NCHW: compile, latency, the input "
+                     "pipelines")
+        lines.append(f"  {'measure':<38}{'MindSpore convs':>22}{'PyTorch':>22}{'ratio':>8}")
 
         row("graph compile (s)", ms_result["compile_s"])
         row("train img/s (compute)", ms_result["train_compute_img_per_s"],
@@ -994,9 +1026,10 @@ def format_table(reports: List[Dict]) -> str:
                 torch_eval and "/".join(f"{v:.1f}" for v in torch_eval["latency_ms"].values()))
         for name, value in r["pipeline_img_per_s"].items():
             row(f"pipeline img/s ({name})", value, None, r["ratios"][f"pipeline_{name}_over_training"])
-        lines.append("  ratio: MindSpore / PyTorch; for the pipeline rows, pipeline img/s / MindSpore training img/s")
+        lines.append("  ratio: MindSpore convs / PyTorch; for the pipeline rows, pipeline img/s / MindSpore convs "
+                     "training img/s")
         lines.append(model_line(r))
-        lines += _cpu_path_rows(r)
+        lines += _breakdown_rows(r)
         if "onnxruntime" in r:
             lines += _deployment_rows(r)
         lines.append("")
@@ -1004,13 +1037,27 @@ def format_table(reports: List[Dict]) -> str:
 
 
 def _cpu_path_rows(r: Dict) -> List[str]:
-    """Every CPU path side by side (train and eval img/s, ratios to PyTorch NCHW and channels_last),
-    and each MindSpore path's training step taken apart."""
-    paths = [name for name in (*MINDSPORE_WORKERS, *TORCH_WORKERS) if name in r]
+    """The headline: what train.py runs here first, then every other CPU path (train and eval img/s,
+    ratios to PyTorch NCHW and channels_last, training GMAC/s against this CPU's peak)."""
+    first = [r["default_path"]] + ([r["amp_choice"]["path"]] if r.get("amp_choice") else [])
+    paths = list(dict.fromkeys(first + [name for name in (*MINDSPORE_WORKERS, *TORCH_WORKERS) if name in r]))
+    paths = [name for name in paths if name in r]
     evals = [k for k in r["mindspore"] if k.startswith("eval_batch_")]
-    lines = [f"  CPU paths on {r['cpu']} ({r['threads']} threads; x: over PyTorch NCHW / channels_last):",
-             f"  {'path':<28}{'train img/s':>20}" + "".join(f"{label.replace('_', ' ') + ' img/s':>26}"
-                                                          for label in evals)]
+    peak = r.get("peak_gmacs") or {}
+    lines = [f"  what train.py runs here: {LABELS[r['default_path']]}, float32 (amp_level auto is O0 on CPU)"]
+    if r.get("amp_choice"):
+        lines.append(f"  with --amp_level O2: {LABELS[r['amp_choice']['path']]}; {r['amp_choice']['note']}")
+    if peak:
+        lines.append("  this CPU's peak (a large oneDNN 1x1 convolution): " + ", ".join(
+            f"{dtype} {rate} GMAC/s" for dtype, rate in peak.items() if rate))
+    lines += [f"  {'path':<28}{'train img/s':>20}{'GMAC/s (% of peak)':>20}"
+              + "".join(f"{label.replace('_', ' ') + ' img/s':>26}" for label in evals)]
+
+    def of_peak(name: str) -> str:
+        rate = r["gmacs_per_s"][name]["train"]
+        dtype = "bfloat16" if name.endswith("bf16") else "float32"
+        return f"{rate:.0f}" + (f" ({100 * rate / peak[dtype]:.0f}%)" if peak.get(dtype) else "")
+
     def cell(name: str, label: str, value: float) -> str:
         over = [r["ratios"].get(f"{label}_{name}_over_{base}") for base in ("torch", "torch_cl")]
         shown = "/".join(f"{x:.2f}" for x in over if x is not None)
@@ -1018,11 +1065,19 @@ def _cpu_path_rows(r: Dict) -> List[str]:
 
     for name in paths:
         lines.append(f"  {LABELS[name]:<28}{cell(name, 'train', r[name]['train_compute_img_per_s']):>20}"
+                     f"{of_peak(name):>20}"
                      + "".join(f"{cell(name, label, r[name][label]['img_per_s']):>26}" for label in evals))
+    lines.append("  x: over PyTorch NCHW / channels_last; GMAC/s: training, three forward passes per image")
     if "train_ours_bf16_over_torch_bf16" in r["ratios"]:
         lines.append(f"  {LABELS['ours_bf16']} over {LABELS['torch_bf16']}: " + ", ".join(
             f"{label.replace('_', ' ')} {r['ratios'][f'{label}_ours_bf16_over_torch_bf16']:.2f}x"
             for label in ["train", *evals]))
+    return lines
+
+
+def _breakdown_rows(r: Dict) -> List[str]:
+    """Each MindSpore path's training step taken apart."""
+    lines = []
     for name, parts in r.get("breakdown_ms", {}).items():
         lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(f"{part} {value:.0f} ms"
                                                                          for part, value in parts.items()))

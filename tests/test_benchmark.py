@@ -54,6 +54,12 @@ def test_benchmark_writes_every_field(tmp_path):
         assert abs(sum(v for k, v in parts.items() if k != "step_ms") - parts["step_ms"]) < 0.5
     assert report["breakdown_ms"]["ours"]["normalization"] > 0  # BatchNorm runs in our oneDNN, blocked
     assert report["cpu"] and report["cpu"] != "unknown"
+    # The headline: what train.py runs here, the precision amp would choose, GMAC/s against this CPU's peak.
+    assert report["default_path"] == "ours" and report["amp_choice"]["path"] in ("ours", "ours_bf16")
+    assert report["peak_gmacs"]["float32"] > 0
+    assert set(report["gmacs_per_s"]) == set(paths)
+    assert report["gmacs_per_s"]["ours"]["train"] == round(
+        report["model"]["gflops"] * 3 * report["ours"]["train_compute_img_per_s"], 1)
     assert set(report["ratios"]) == cpu_ratios | {"pipeline_cifar10_over_training",
                                                   "pipeline_imagenet2012_over_training",
                                      "eval_batch_1_onnxruntime_over_mindspore",
