@@ -61,6 +61,10 @@ TORCH_WORKERS = {"torch": ("nchw", False), "torch_cl": ("channels_last", False),
 LABELS = {"mindspore": "MindSpore convolutions", "ours": "ours (oneDNN, blocked)", "ours_bf16": "ours, bf16",
           "torch": "PyTorch NCHW", "torch_cl": "PyTorch channels_last", "torch_bf16": "PyTorch bf16 autocast+CL"}
 BREAKDOWN_MARK = "BREAKDOWN "
+# --cpu_isa: the cap for our oneDNN (library.ISAS) and the same cap for PyTorch (ATEN_CPU_CAPABILITY,
+# ONEDNN_MAX_CPU_ISA for its oneDNN), so every path runs as on a CPU without the instructions above it.
+CPU_ISAS = {"all": (None, None), "avx2": ("avx2", "AVX2"), "avx512_core": ("avx512", "AVX512_CORE"),
+            "avx512_core_bf16": ("avx512", "AVX512_CORE_BF16"), "avx512_core_amx": ("avx512", "AVX512_CORE_AMX")}
 
 
 def percentiles_ms(seconds: Sequence[float]) -> Dict[str, float]:
@@ -689,6 +693,9 @@ def serve(args: argparse.Namespace) -> int:
         runner = OnnxRunner(args.onnx_files.split(","), args.threads,
                             host_normalize=args.worker == "onnxruntime_hostnorm")
     else:
+        capability, onednn_isa = CPU_ISAS[args.cpu_isa]
+        if capability:  # read when torch is imported
+            os.environ.update(ATEN_CPU_CAPABILITY=capability, ONEDNN_MAX_CPU_ISA=onednn_isa)
         memory_format, bf16 = TORCH_WORKERS[args.worker]
         runner = TorchRunner(args.net, args.batch_size, args.image_size, args.threads, memory_format, bf16)
     if args.breakdown:
@@ -723,8 +730,10 @@ def mindspore_runner(args: argparse.Namespace) -> MindSporeRunner:
     """The device set up as train.py sets it for the worker's cpu_convolution and amp_level, and the
     runner; a path that cannot run here (our layers not built) is an error line."""
     set_openmp_environment()  # before the first import of MindSpore, in its workers alone (PyTorch keeps its default)
-    from src.cpu_convolution import choose_convolutions, set_threads
+    from src.cpu_convolution import choose_convolutions, library, set_threads
     from src.device import init_device
+    if args.cpu_isa != "all" and not library.unavailable_reason():
+        library.cap_isa(args.cpu_isa)
     cpu_convolution, amp_level, cpu_amp_dtype = MINDSPORE_WORKERS[args.worker]
     cfg = train_config(args.net, args.batch_size, args.image_size, cpu_convolution, amp_level)
     convolutions, _ = choose_convolutions(cfg.cpu_convolution, device_target="CPU", amp_level=cfg.amp_level,
@@ -782,7 +791,8 @@ def step_breakdown(text: str) -> Dict[str, float]:
 def measure_breakdown(worker: str, net_name: str, batch: int, size: int, args: argparse.Namespace) -> Dict[str, float]:
     """One training step of `worker` taken apart by operation kind (step_breakdown), in a process of its own."""
     command = [sys.executable, os.path.abspath(__file__), "--worker", worker, "--breakdown", "--net", net_name,
-               "--batch_size", str(batch), "--image_size", str(size), "--threads", str(args.threads)]
+               "--batch_size", str(batch), "--image_size", str(size), "--threads", str(args.threads),
+               "--cpu_isa", args.cpu_isa]
     env = dict(os.environ, ONEDNN_VERBOSE="profile_exec")
     result = subprocess.run(command, capture_output=True, text=True, env=env,
                             cwd=os.path.dirname(os.path.abspath(__file__)))
@@ -792,15 +802,15 @@ def measure_breakdown(worker: str, net_name: str, batch: int, size: int, args: a
     return step_breakdown(result.stdout)
 
 
-def compute_paths(vs_torch: bool, cpu_features: Optional[Set[str]] = None) -> List[str]:
+def compute_paths(vs_torch: bool, cpu_features: Optional[Set[str]] = None, cpu_isa: str = "all") -> List[str]:
     """The workers to measure: MindSpore's convolutions, ours where they are built (in bfloat16 too
-    where the CPU has bfloat16 convolutions), and with --vs-torch PyTorch's NCHW, channels_last and
-    (where the CPU has bfloat16 instructions) bf16 autocast. `cpu_features` stands in for this CPU's
-    flags."""
+    where the CPU, or the ISA it is capped at, has bfloat16 instructions), and with --vs-torch
+    PyTorch's NCHW, channels_last and bf16 autocast likewise. `cpu_features` stands in for this
+    CPU's flags."""
     from src.cpu import cpu_flags
     from src.cpu_convolution import unavailable_reason
     flags = cpu_flags() if cpu_features is None else cpu_features
-    bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
+    bf16 = bool(flags & {"avx512_bf16", "amx_bf16"}) and cpu_isa not in ("avx2", "avx512_core")
     paths = ["mindspore"]
     reason = unavailable_reason()
     if reason:
@@ -819,7 +829,8 @@ class Worker:
                  extra: Sequence[str] = ()):
         command = [sys.executable, os.path.abspath(__file__), "--worker", framework, "--net", net_name,
                    "--batch_size", str(batch), "--image_size", str(size), "--threads", str(args.threads),
-                   "--workers", str(args.workers), "--steps", str(args.steps), "--calls", str(args.calls), *extra]
+                   "--workers", str(args.workers), "--steps", str(args.steps), "--calls", str(args.calls),
+                   "--cpu_isa", args.cpu_isa, *extra]
         self.framework = framework
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         cwd=os.path.dirname(os.path.abspath(__file__)))
@@ -850,10 +861,11 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     """All measurements for one configuration; MindSpore and PyTorch alternate repeat by repeat,
     each in its own process."""
     report = {"net": net_name, "batch_size": batch, "image_size": size, "threads": args.threads,
-              "workers": args.workers, **cpu_capacity(net_name, batch, size, args.threads)}
+              "workers": args.workers, "cpu_isa": args.cpu_isa,
+              **cpu_capacity(net_name, batch, size, args.threads, args.cpu_isa)}
     workers = []
     try:
-        for framework in compute_paths(args.vs_torch):
+        for framework in compute_paths(args.vs_torch, cpu_isa=args.cpu_isa):
             workers.append(Worker(framework, net_name, batch, size, args))
         if importlib.util.find_spec("onnxruntime") is not None and not args.compute_only:
             folder = os.path.join(data_root, f"onnx_{net_name}_{batch}_{size}")
@@ -892,7 +904,7 @@ def benchmark(net_name: str, batch: int, size: int, args: argparse.Namespace, da
     return report
 
 
-def cpu_capacity(net_name: str, batch: int, size: int, threads: int) -> Dict:
+def cpu_capacity(net_name: str, batch: int, size: int, threads: int, cpu_isa: str = "all") -> Dict:
     """What train.py runs on this CPU (`default_path`; and with amp on, the precision its probe
     chooses, `amp_choice`), and this CPU's peak multiply-accumulate rates (`peak_gmacs`: a large
     oneDNN 1x1 convolution in float32 and bfloat16, null where there is none), measured before the
@@ -901,6 +913,8 @@ def cpu_capacity(net_name: str, batch: int, size: int, threads: int) -> Dict:
     from src.resnet import probe_layers
     if unavailable_reason():
         return {"default_path": "mindspore", "amp_choice": None, "peak_gmacs": None}
+    if cpu_isa != "all":
+        library.cap_isa(cpu_isa)
     library.set_threads(threads)
     choice, note = choose_convolutions("auto", device_target="CPU", amp_level="O2", threads=threads,
                                        probe_layers=probe_layers(net_name, size, batch))
@@ -1005,8 +1019,9 @@ def format_table(reports: List[Dict]) -> str:
 
     for r in reports:
         ms_result, torch_result = r["mindspore"], r.get("torch")
+        capped = "" if r.get("cpu_isa", "all") == "all" else f", oneDNN and PyTorch capped at {r['cpu_isa']}"
         lines.append(f"{r['net']} batch {r['batch_size']} @ {r['image_size']}px, {r['threads']} threads, "
-                     f"{r['workers']} pipeline workers, on {r['cpu']}")
+                     f"{r['workers']} pipeline workers, on {r['cpu']}{capped}")
         lines += _cpu_path_rows(r)
         lines.append("  MindSpore's own CPU convolutions beside PyTorch eager NCHW: compile, latency, the input "
                      "pipelines")
@@ -1139,6 +1154,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs; medians are reported")
     parser.add_argument("--calls", type=positive_int, default=20, help="timed calls per latency measurement")
     parser.add_argument("--vs-torch", dest="vs_torch", action="store_true", help="also run PyTorch eager")
+    parser.add_argument("--cpu_isa", choices=tuple(CPU_ISAS), default="all",
+                        help="cap our oneDNN and PyTorch's at this instruction set, as a CPU without the ones above "
+                             "it runs (e.g. avx2); MindSpore's own convolutions are capped at AVX2 always")
     parser.add_argument("--json", default=None, help="write the report here")
     parser.add_argument("--compute_only", action="store_true",
                         help="training and evaluation on in-memory data only (no ONNX, pipeline or end-to-end rows)")

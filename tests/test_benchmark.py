@@ -121,6 +121,8 @@ def test_the_measured_paths_follow_the_cpu(features, bf16_paths):
     assert [path for path in paths if "bf16" in path] == bf16_paths
     assert {"mindspore", "ours", "torch", "torch_cl"} <= set(paths)
     assert "torch" not in benchmark.compute_paths(vs_torch=False, cpu_features=features)
+    capped = benchmark.compute_paths(vs_torch=True, cpu_features=features, cpu_isa="avx2")
+    assert not [path for path in capped if "bf16" in path]   # as on a CPU with AVX2 alone
 
 
 def test_a_bad_argument_is_one_line_and_exit_2(tmp_path):
