@@ -23,7 +23,11 @@ MACHINE = Path(os.environ.get("AARCH64_ROOT", "/var/tmp/resnet-aarch64"))
 INSIDE = MACHINE / "project"          # the checkout as the emulated machine sees it at /project
 CONFIG = "config/sample_resnet18.yaml"
 RUN = Path("resnet18") / "cifar10"
-LOSS_TOLERANCE = 1e-4                 # relative, per step: float32 kernels of two ISAs, same operations
+# Per step, the gap between aarch64 and x86_64 (MindSpore's kernels on both) may be this many times the
+# gap between x86_64's two float32 implementations of the same run (ours and MindSpore's): the rounding
+# floor of this recipe, which a few steps at lr 0.07 amplify from 1e-7 to 1e-3.
+FLOOR_FACTOR = 10
+LOSS_FLOOR = 1e-6
 RESUME_TOLERANCE = 1e-5               # absolute, final weights: the resumed run on the same machine
 
 
@@ -100,7 +104,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for convolution, folder in host_runs.items():
         losses = step_losses(folder)
         report["losses"][f"x86_64_{convolution}"] = [losses[s] for s in sorted(losses)]
-        report[f"loss_max_relative_gap_x86_64_{convolution}"] = max(relative_gaps(losses, arm_losses))
+        report[f"loss_relative_gaps_x86_64_{convolution}"] = relative_gaps(losses, arm_losses)
+    report["loss_relative_gaps_x86_64_floor"] = relative_gaps(step_losses(host_runs["onednn"]),
+                                                              step_losses(host_runs["mindspore"]))
     host_checkpoint = host_runs["mindspore"] / arm_checkpoint.name
 
     # 3. Each side's checkpoint evaluated on the other.
@@ -135,8 +141,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     evals = report["eval"]
     checks = {
-        "x86_64 (MindSpore's kernels) and aarch64 losses agree step by step":
-            report["loss_max_relative_gap_x86_64_mindspore"] < LOSS_TOLERANCE,
+        "x86_64 (MindSpore's kernels) and aarch64 losses agree step by step within the rounding floor":
+            all(gap <= FLOOR_FACTOR * max(floor, LOSS_FLOOR) for gap, floor in
+                zip(report["loss_relative_gaps_x86_64_mindspore"], report["loss_relative_gaps_x86_64_floor"])),
         "the aarch64 checkpoint scores the same top-1 on both":
             evals["aarch64_ckpt_on_aarch64"]["top_1_accuracy"] == evals["aarch64_ckpt_on_x86_64"]["top_1_accuracy"],
         "the x86_64 checkpoint scores the same top-1 on both":
