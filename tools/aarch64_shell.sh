@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # An emulated arm64 machine (Debian bookworm, Python 3.11, QEMU user mode) with this checkout in it.
-#   bash tools/aarch64_shell.sh                 an interactive shell in /project inside it
-#   bash tools/aarch64_shell.sh COMMAND [ARG...] run one command there (bash -c style: one string) and exit with its code
+# usage: bash tools/aarch64_shell.sh            an interactive shell in /project inside it
+#        bash tools/aarch64_shell.sh 'COMMAND'  run one command line there and exit with its code
 # The first call builds the root file system (~10 minutes on 2 cores: debootstrap, then Python and a
 # compiler); later calls reuse it. Each call copies the checkout in first (tracked and untracked files
 # that git does not ignore), keeping the machine's own .venv, data and build outputs, so the README's
