@@ -5,7 +5,7 @@
 # The first call builds the root file system (~10 minutes on 2 cores: debootstrap, then Python and a
 # compiler); later calls reuse it. Each call copies the checkout in first (tracked and untracked files
 # that git does not ignore), keeping the machine's own .venv, data and build outputs, so the README's
-# commands run there as written. Everything under emulation runs ~100-200x slower (docs/aarch64.md).
+# commands run there as written. Under emulation MindSpore runs 25-5,000x slower (docs/aarch64.md).
 # Needs root (chroot, mounts, apt-get); the machine lives in $AARCH64_ROOT (default /var/tmp/resnet-aarch64).
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
