@@ -1,6 +1,6 @@
 """Whether bfloat16 layers pay on this CPU for a network, decided by timing a few of its own
 convolutions in both types (a CPU flag cannot tell: without AMX, bfloat16 is ~2x faster than
-float32 on AMD Zen 4 and ~1.8x slower on an Intel Xeon with the same AVX512_BF16 flag).
+float32 on AMD Zen 4 and 1.4-1.8x slower on an Intel Xeon with the same AVX512_BF16 flag).
 
 The verdict is kept in a small JSON file per CPU model, ISA limit, threads and layer shapes, so a
 later run of the same network skips the probe; a file lock makes the ranks of one node probe once
@@ -10,7 +10,7 @@ import json
 import os
 from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
-from src.cpu_convolution.library import channels_per_block, isa_cap, probe_convolution_ms
+from src.cpu_convolution.library import isa_cap, probe_convolution_ms
 from src.files import write_atomic
 
 # (batch, in channels, input size, out channels, kernel, stride) of one convolution to time.
@@ -45,10 +45,9 @@ def _read(path: str) -> dict:
 
 def bf16_verdict(layers: Sequence[ProbeLayer], *, cpu_model: str, threads: int, cache_file: Optional[str] = None,
                  time_layer: Callable[..., float] = probe_convolution_ms) -> Verdict:
-    """Time `layers` (forward and both backwards each) in float32 and in bfloat16, or read the verdict
-    an earlier run on this CPU kept. `time_layer(*layer, bf16=...)` returns milliseconds."""
-    if channels_per_block("bfloat16") == 0:  # no bfloat16 convolutions here (AVX2, AVX-512 without BF16)
-        return Verdict(False, 0.0, 0.0, False)
+    """Time `layers` (forward and both backwards each) in float32 and in bfloat16, or read the timings
+    an earlier run on this CPU kept. `time_layer(*layer, bf16=...)` returns milliseconds; the CPU must
+    have bfloat16 convolutions (library.channels_per_block)."""
     path = cache_file or default_cache_file()
     key = json.dumps({"cpu": cpu_model, "isa": isa_cap(), "threads": threads, "layers": [list(x) for x in layers]},
                      sort_keys=True)
@@ -56,11 +55,9 @@ def bf16_verdict(layers: Sequence[ProbeLayer], *, cpu_model: str, threads: int, 
     with open(path + ".lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of one node: the first probes, the others read
         known = _read(path)
-        if key in known:
-            float32_ms, bfloat16_ms = known[key]
-            return Verdict(bfloat16_ms < MARGIN * float32_ms, float32_ms, bfloat16_ms, True)
-        float32_ms = round(sum(time_layer(*layer, bf16=False) for layer in layers), 2)
-        bfloat16_ms = round(sum(time_layer(*layer, bf16=True) for layer in layers), 2)
-        known[key] = [float32_ms, bfloat16_ms]
-        write_atomic(path, json.dumps(known, indent=1) + "\n")
-    return Verdict(bfloat16_ms < MARGIN * float32_ms, float32_ms, bfloat16_ms, False)
+        cached = key in known
+        if not cached:
+            known[key] = [round(sum(time_layer(*layer, bf16=bf16) for layer in layers), 2) for bf16 in (False, True)]
+            write_atomic(path, json.dumps(known, indent=1) + "\n")
+    float32_ms, bfloat16_ms = known[key]
+    return Verdict(bfloat16_ms < MARGIN * float32_ms, float32_ms, bfloat16_ms, cached)
