@@ -39,7 +39,7 @@ def test_best_checkpoint_holds_the_best_epoch_of_the_ema(cifar_dir, tmp_path):
     assert [int(r["epoch"]) for r in evals] == [1, 2]
     assert all(r["ema_top_1"] and r["ema_top_5"] for r in evals)
     best = max(evals, key=lambda r: (float(r["ema_top_1"]), -int(r["epoch"])))
-    stored = ms.load_checkpoint(str(folder / "best.ckpt"))
+    stored = read_checkpoint(str(folder / "best.ckpt"))
     assert int(stored["epoch_num"].asnumpy()) == int(best["epoch"])
     assert float(stored["top_1_accuracy"].asnumpy()) == pytest.approx(float(best["ema_top_1"]))
     assert len([name for name in stored if name.startswith(EMA_PREFIX)]) == 62  # resnet10: 38 trainable + 24 statistics
@@ -62,6 +62,7 @@ def test_rotation_keeps_the_newest_and_the_newest_epoch_end(tmp_path):
 
 def test_resume_refuses_a_folder_of_another_run_without_checkpoints(tmp_path):
     import train
+
     from src.config import load_config, save_config
     from src.errors import UserInputError
     config = load_config(["--config_path", CONFIG])

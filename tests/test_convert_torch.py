@@ -21,7 +21,7 @@ from conftest import NO_TORCH, PYTHON, needs_torch, run
 from src.errors import run_cli
 from src.migration import convert_torch as ct
 from src.resnet import ARCHS, create_model
-from src.training.checkpoint import is_training_state
+from src.training.checkpoint import is_training_state, read_checkpoint
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -227,7 +227,7 @@ def test_converted_checkpoint_holds_the_torch_values(arch, torch_files, converte
     else:
         assert "53 BatchNorm layers" in stdout and "53 num_batches_tracked dropped" in stdout
     assert f"num_classes {CLASSES[arch]} (from" in stdout and "verified" in stdout
-    params = ms.load_checkpoint(str(ckpt))
+    params = read_checkpoint(str(ckpt))
     expected = {ct.torch_to_ms_name(k): v.numpy() for k, v in state.items()
                 if not k.endswith("num_batches_tracked")}
     assert sorted(params) == sorted(expected)
@@ -284,7 +284,7 @@ def test_model_zoo_checkpoint_imports(converted, tmp_path):
 
     from src.migration import torch_resnet
 
-    ours = ms.load_checkpoint(str(converted["resnet18"][0]))
+    ours = read_checkpoint(str(converted["resnet18"][0]))
     rng = np.random.default_rng(3)
     values = {name: p.asnumpy() for name, p in ours.items()}
     values["fc.weight"] = rng.standard_normal((1001, 512)).astype(np.float32)
@@ -301,13 +301,13 @@ def test_model_zoo_checkpoint_imports(converted, tmp_path):
                 {"name": "global_step", "data": Tensor(np.array([5004], np.int32))}]
     zoo = tmp_path / "resnet18_zoo.ckpt"
     ms.save_checkpoint(entries, str(zoo))
-    assert "layer1.0.bn1d.gamma" in ms.load_checkpoint(str(zoo))
+    assert "layer1.0.bn1d.gamma" in read_checkpoint(str(zoo))
 
     out_ckpt, out_pth = tmp_path / "resnet18.ckpt", tmp_path / "resnet18.pth"
     stdout = convert("--arch", "resnet18", "--zoo_ckpt", str(zoo), "--ckpt", str(out_ckpt), "--pth_out", str(out_pth))
     assert "num_classes 1001 (from end_point.weight [1001, 512])" in stdout
     assert "optimizer entries dropped" in stdout and "model-zoo names" in stdout and "eps 1e-4" in stdout
-    params = ms.load_checkpoint(str(out_ckpt))
+    params = read_checkpoint(str(out_ckpt))
     assert sorted(params) == sorted(values)
     assert all(np.array_equal(params[n].asnumpy(), v) for n, v in values.items())
     model = torch_resnet.resnet18(num_classes=1001)
@@ -412,7 +412,7 @@ def test_parity_locates_a_wrong_parameter(torch_files, converted, tmp_path):
     tolerance is layer3 (the earlier stages still agree)."""
     pth, _ = torch_files["resnet18"]
     ckpt, _ = converted["resnet18"]
-    params = ms.load_checkpoint(str(ckpt))
+    params = read_checkpoint(str(ckpt))
     entries = []
     for name, value in params.items():
         data = value.asnumpy()

@@ -7,7 +7,6 @@ import signal
 import subprocess
 from pathlib import Path
 
-import mindspore as ms
 import numpy as np
 import pytest
 
@@ -39,7 +38,7 @@ RUN = Path(NET) / "cifar10"
 def trainable(path: Path, part=network_part) -> dict:
     """The trainable weights of a checkpoint, or their EMA with `part=ema_part` (no BatchNorm moving
     statistics, no optimizer state)."""
-    return {name: value.asnumpy() for name, value in part(ms.load_checkpoint(str(path))).items()
+    return {name: value.asnumpy() for name, value in part(read_checkpoint(str(path))).items()
             if "moving_" not in name}
 
 

@@ -9,6 +9,7 @@ from mindspore import Tensor, nn, ops
 
 from conftest import NO_CURVES, PYTHON, REPO, run
 from src.resnet import create_model
+from src.training.checkpoint import read_checkpoint
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
 RUN = Path("resnet18") / "cifar10"
@@ -59,7 +60,7 @@ def test_frozen_backbone_run_changes_only_the_head(cifar_dir, tmp_path):
     tuned = run(common + ["--output_dir", str(tmp_path / "b"), "--freeze_backbone", "True", "--pre_trained",
                           str(tmp_path / "imagenet.ckpt"), "--filter_weight", "True"])
     assert tuned.returncode == 0, tuned.stderr[-3000:]
-    after = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "b" / RUN / "resnet18-1_12.ckpt")).items()}
+    after = {k: v.asnumpy() for k, v in read_checkpoint(str(tmp_path / "b" / RUN / "resnet18-1_12.ckpt")).items()}
     backbone = [name for name in before if not name.startswith("fc.")]
     assert len(backbone) == 100  # 20 conv weights, 20 BatchNorms x 4
     for name in backbone:

@@ -10,7 +10,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import mindspore as ms
 import numpy as np
 import pytest
 from mindspore.mindrecord import FileWriter
@@ -25,6 +24,7 @@ from src.data.shards import CLASS_LIST, MANIFEST, MindRecordSource, read_header,
 from src.data.sources import ImageFolderSource
 from src.dataset import create_dataset, create_source
 from src.errors import UserInputError, user_error_message
+from src.training.checkpoint import read_checkpoint
 from test_faults import small_disk
 
 V2 = Augmentation(auto_augment="ta_wide", random_erase=0.25, mixup_alpha=0.2, cutmix_alpha=1.0, ra_reps=2)
@@ -320,7 +320,7 @@ def test_training_from_shards_ends_with_the_folders_weights(sample_root, shard_r
         result = run([PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(tmp_path / name), *config])
         assert result.returncode == 0, result.stderr[-3000:]
         folder = tmp_path / name / "resnet10" / "cifar10"
-        weights.append({k: v.asnumpy() for k, v in ms.load_checkpoint(str(folder / "resnet10-1_12.ckpt")).items()})
+        weights.append({k: v.asnumpy() for k, v in read_checkpoint(str(folder / "resnet10-1_12.ckpt")).items()})
         with open(folder / "metrics.csv", newline="") as handle:
             evaluations.append([(row["top_1"], row["top_5"], row["ece"]) for row in csv.DictReader(handle)
                                 if row["top_1"]])

@@ -53,7 +53,7 @@ def step_losses(folder: Path) -> dict:
 
 
 def weights(path: Path) -> dict:
-    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items()
+    return {k: v.asnumpy() for k, v in read_checkpoint(str(path)).items()
             if not k.startswith(("learning_rate",))}
 
 

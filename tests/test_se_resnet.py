@@ -13,7 +13,7 @@ from mindspore import nn
 from conftest import PYTHON, run
 from src.errors import UserInputError
 from src.resnet import create_model
-from src.training.checkpoint import common_prefix, zoo_to_ms_name
+from src.training.checkpoint import common_prefix, read_checkpoint, zoo_to_ms_name
 from src.training.model_summary import model_summary
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
@@ -161,7 +161,7 @@ def test_converter_takes_a_zoo_se_resnet50_checkpoint(zoo_checkpoint, tmp_path):
     from src.migration import convert_torch
     target = tmp_path / "se.ckpt"
     assert convert_torch.main(["--arch", "se-resnet50", "--zoo_ckpt", str(zoo_checkpoint), "--ckpt", str(target)]) == 0
-    converted = ms.load_checkpoint(str(target))
+    converted = read_checkpoint(str(target))
     assert len(converted) == ALL_TENSORS and "fc.bias" in converted and "layer4.0.downsample.1.weight" in converted
     with pytest.raises(UserInputError, match="torchvision does not have"):
         convert_torch.main(["--arch", "se-resnet50", "--zoo_ckpt", str(zoo_checkpoint), "--pth_out",

@@ -4,10 +4,10 @@ emulated arm64 machine's tier (docs/aarch64.md)."""
 import json
 from pathlib import Path
 
-import mindspore as ms
 import pytest
 
 from conftest import NO_CURVES, PYTHON, REPO, run
+from src.training.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -31,7 +31,7 @@ def short_run(tmp_path_factory):
 
 def test_the_checkpoint_holds_the_trained_network(short_run):
     _, _, checkpoint = short_run
-    stored = ms.load_checkpoint(str(checkpoint))
+    stored = read_checkpoint(str(checkpoint))
     assert "fc.weight" in stored and stored["fc.weight"].shape == (10, 512)
 
 

@@ -15,14 +15,16 @@ from conftest import NO_CURVES, NO_TORCH, PYTHON, run
 torch = pytest.importorskip("torch", reason=NO_TORCH)  # before the modules below import it
 
 import train_parity  # noqa: E402
+from train_parity import LEARN_FLOOR, learning_verdict  # noqa: E402
+
 from src.data.host_stage import Normalization, host_input_stage  # noqa: E402
 from src.data.input_stage import TrainInputStage  # noqa: E402
 from src.errors import UserInputError  # noqa: E402
 from src.migration import torch_resnet  # noqa: E402
 from src.migration.torch_training import EmaPlan, TorchRecipe, torch_param_groups  # noqa: E402
 from src.resnet import create_model  # noqa: E402
+from src.training.checkpoint import read_checkpoint  # noqa: E402
 from src.training.optimizer import param_groups  # noqa: E402
-from train_parity import LEARN_FLOOR, learning_verdict  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TOOL = [PYTHON, "train_parity.py"]
@@ -141,7 +143,7 @@ def test_the_v2_switches_train_alike_step_by_step(cifar_dir, tmp_path):
         {f"momentum_buffer.{name}" for name in trained}
     assert all(r["within"] == "True" for r in weights)
     model.load_state_dict(torch.load(out / "final.pth", weights_only=True), strict=True)
-    saved = ms.load_checkpoint(str(out / "final.ckpt"))
+    saved = read_checkpoint(str(out / "final.ckpt"))
     assert np.abs(saved["fc.weight"].asnumpy() - model.fc.weight.detach().numpy()).max() < 1e-3
     assert any(name.startswith("ema.") for name in saved)
     assert (out / "loss.png").stat().st_size > 1000

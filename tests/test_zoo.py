@@ -15,6 +15,7 @@ import yaml
 from conftest import NO_CURVES, PYTHON, REPO, run
 from src.config import DEFAULT_CONFIG, load_config, read_yaml
 from src.errors import UserInputError
+from src.training.checkpoint import read_checkpoint
 
 SCHEMA = read_yaml(DEFAULT_CONFIG)
 
@@ -208,7 +209,7 @@ def test_zoo_checkpoint_evaluates_like_the_converted_one(cifar_zoo_run, zoo_file
     from src.migration.convert_torch import read_source
     from src.training.checkpoint import zoo_to_ms_name
     folder, _ = cifar_zoo_run
-    ours = ms.load_checkpoint(str(folder / "resnet18-1_3.ckpt"))
+    ours = read_checkpoint(str(folder / "resnet18-1_3.ckpt"))
     renames = {"downsample": "down_sample_layer", "fc": "end_point"}
 
     def zoo_name(name: str) -> str:

@@ -13,14 +13,15 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
+import train
 from test_zoo import HEAD, RUN, TAIL, TRAIN, one_line_error, write_zoo_file
 
-import train
 from conftest import PYTHON, run
 from src.config import load_config
 from src.dataset import DATASETS
 from src.errors import UserInputError
 from src.resnet import NET_NAMES, create_model
+from src.training.checkpoint import read_checkpoint
 
 SMALL = {"epoch_size": 1, "warmup_epochs": 0, "train_image_size": 32, "eval_image_size": 32, "batch_size": 64}
 CIFAR = {"class_num": 10, "dataset": "cifar10", "lr_decay_mode": "poly", "conv_init": "XavierUniform",
@@ -165,7 +166,7 @@ def test_zoo_se_resnet50_structure_trains_one_step(zoo_folder, tiny_folder_dir, 
                   "--num_parallel_workers", "1"])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     folder = tmp_path / "se-resnet50" / "imagenet2012"
-    params = ms.load_checkpoint(str(folder / "se-resnet50-1_1.ckpt"))
+    params = read_checkpoint(str(folder / "se-resnet50-1_1.ckpt"))
     assert params["fc.weight"].shape == (1001, 2048) and "layer4.2.se_dense_1.weight" in params
     losses = [float(row.split(",")[2]) for row in (folder / "metrics.csv").read_text().splitlines()[1:]]
     assert len(losses) == 1 and np.isfinite(losses[0])
@@ -214,7 +215,7 @@ def test_zoo_fine_tune_flow_trains_a_new_head_on_flower_photos(zoo_folder, flowe
                   "--output_dir", "out", "--epoch_size", "2"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     folder = tmp_path / "out" / "resnet34" / "flower_photos"
-    after = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(folder / "resnet34-2_1.ckpt")).items()}
+    after = {k: v.asnumpy() for k, v in read_checkpoint(str(folder / "resnet34-2_1.ckpt")).items()}
     assert after["fc.weight"].shape == (5, 512)
     assert all(np.array_equal(after[n], v) for n, v in before.items() if not n.startswith("fc."))
     rows = (folder / "metrics.csv").read_text().splitlines()
