@@ -1,12 +1,25 @@
-"""src/config.py: yaml schema + `--key value` overrides, type checks, clear errors."""
+"""src/config/: the schema, recipe files + `--key value` overrides, type checks, clear errors."""
 import glob
+import json
 import os
 
 import pytest
 import yaml
 
 from conftest import PYTHON, REPO, run
-from src.config import Config, load_config, read_yaml, run_dir, save_config
+from src.config import (
+    DEFAULT_CONFIG,
+    REFERENCE_CONFIG,
+    SCHEMA_PATH,
+    Config,
+    load_config,
+    read_schema,
+    read_yaml,
+    recipe_keys,
+    run_dir,
+    save_config,
+)
+from src.config.schema import TYPES, conform, format_reference
 from src.errors import UserInputError
 
 SCHEMA = {
@@ -199,7 +212,12 @@ def test_help_exits_zero(cfg_path, flag, capsys):
 
 
 CONFIG_FILES = sorted(glob.glob(str(REPO / "config" / "*.yaml")))
-REFERENCE = REPO / "config" / "resnet50_cifar10.yaml"
+# Every shipped recipe's resolved config (all keys, config_path aside) as the tree gave it before the
+# schema left config/resnet50_cifar10.yaml: moving keys between the schema and the recipes must not
+# change a value. A new recipe adds its entry (python -m src.config --config_path config/NEW.yaml).
+EFFECTIVE_FILE = REPO / "tests" / "data" / "recipe_effective_configs.json"
+EFFECTIVE = json.loads(EFFECTIVE_FILE.read_text())
+SCHEMA_KEYS = read_schema()
 
 
 def test_config_folder_is_not_empty():
@@ -207,23 +225,111 @@ def test_config_folder_is_not_empty():
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
-def test_every_config_file_loads_with_the_reference_keys(path):
+def test_every_config_file_loads_with_the_schema_keys(path):
     cfg = load_config(["--config_path", path])
-    reference = read_yaml(str(REFERENCE))
-    assert set(cfg.to_dict()) - {"config_path"} == set(reference)
-    # the same types as the reference (ints may stand where the reference has a float)
-    for key, value in reference.items():
-        got = getattr(cfg, key)
-        if value is None or got is None:
-            continue
-        if isinstance(value, float) and type(got) is int:
-            continue
-        assert type(got) is type(value), (key, got, value)
+    assert set(cfg.to_dict()) - {"config_path"} == set(SCHEMA_KEYS)
+    for name, key in SCHEMA_KEYS.items():
+        assert conform(getattr(cfg, name), TYPES[key.type])[0], (name, getattr(cfg, name), key.type)
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
+def test_every_recipe_resolves_to_its_recorded_config(path):
+    """Every key of every shipped recipe, with its type (0.0 is not 0), as recorded."""
+    name = os.path.basename(path)
+    assert name in EFFECTIVE, f"{name}: a new recipe; add its resolved config to {EFFECTIVE_FILE}"
+    got = load_config(["--config_path", path]).to_dict()
+    assert got.pop("config_path") == path
+    assert set(got) == set(EFFECTIVE[name])
+    wrong = {key: (got[key], want) for key, want in EFFECTIVE[name].items()
+             if got[key] != want or type(got[key]) is not type(want)}
+    assert not wrong, f"{name}: (resolved, recorded) {wrong}"
+
+
+def test_every_recorded_recipe_is_shipped():
+    assert sorted(EFFECTIVE) == sorted(os.path.basename(path) for path in CONFIG_FILES)
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=os.path.basename)
+def test_every_recipe_says_what_it_is_and_states_every_recipe_key(path):
+    """The rule (src/config/schema.yaml): a file in config/ is a recipe, says so in its first line,
+    and states every recipe key itself, so no schema default decides a shipped recipe."""
+    with open(path, encoding="utf-8") as handle:
+        first = handle.readline()
+    assert first.startswith("# Recipe: ") and len(first.strip()) > len("# Recipe: ") + 10, first
+    stated = read_yaml(path)
+    missing = [key for key in recipe_keys() if key not in stated]
+    assert not missing, f"{os.path.basename(path)} leaves recipe keys to the schema: {missing}"
+
+
+def test_the_schema_has_every_key_each_with_a_type_a_default_and_a_help():
+    every = set(next(iter(EFFECTIVE.values())))
+    assert len(every) == 110 and all(set(values) == every for values in EFFECTIVE.values())
+    assert set(SCHEMA_KEYS) == every
+    for name, key in SCHEMA_KEYS.items():
+        assert key.type in TYPES and conform(key.default, TYPES[key.type])[0], name
+        assert key.help.strip() and "\n" not in key.help, name
+    # docs/config_reference.md renders every key (tests/test_docs.py keeps the file equal to this)
+    assert all(f"| `{name}` |" in format_reference() for name in SCHEMA_KEYS)
+
+
+# What makes a recipe; each is marked in the schema (more keys may be).
+RECIPE_CORE = ["net_name", "dataset", "class_num", "train_image_size", "eval_image_size", "batch_size", "epoch_size",
+               "optimizer", "momentum", "weight_decay", "lr_decay_mode", "warmup_epochs", "lr_init", "lr_max",
+               "lr_end", "lr_decay_epochs", "lr_decay_factor", "lr_poly_power", "use_label_smooth",
+               "label_smooth_factor", "auto_augment", "random_erase", "mixup_alpha", "cutmix_alpha", "ra_reps",
+               "amp_level", "loss_scale_type", "loss_scale", "model_ema", "model_ema_decay", "model_ema_steps",
+               "grad_accumulation_steps", "lars_coefficient", "damping_init"]
+# Run keys, with the neutral defaults the schema must keep: nothing set, off, the usual value.
+NEUTRAL = {"data_path": "", "output_dir": "./output", "checkpoint_file_path": "", "resume": False, "resume_ckpt": "",
+           "pre_trained": "", "run_eval": False, "run_distribute": False, "device_num": 1, "enable_profiling": False,
+           "file_name": "", "model_file": "", "report_dir": "", "quantize": "none"}
+
+
+def test_recipe_keys_are_marked_and_the_other_defaults_are_neutral():
+    marked = recipe_keys()
+    assert not [key for key in RECIPE_CORE if key not in marked]
+    assert {name: SCHEMA_KEYS[name].default for name in NEUTRAL} == NEUTRAL
+    assert not set(NEUTRAL) & set(marked)
+
+
+def test_the_default_recipe_is_a_recipe_and_not_the_schema():
+    """train.py, eval.py and export.py without --config_path run config/resnet50_cifar10.yaml; the
+    keys a file leaves out come from the schema, never from that recipe."""
+    assert os.path.samefile(DEFAULT_CONFIG, REPO / "config" / "resnet50_cifar10.yaml")
+    assert os.path.samefile(REFERENCE_CONFIG, REPO / "src" / "config" / "schema.yaml")
+    assert os.path.samefile(SCHEMA_PATH, REFERENCE_CONFIG)
+    default = load_config([]).to_dict()
+    assert default.pop("config_path") == DEFAULT_CONFIG
+    assert default == EFFECTIVE["resnet50_cifar10.yaml"]
+
+
+def test_a_partial_file_takes_the_schema_defaults(tmp_path):
+    path = tmp_path / "partial.yaml"
+    path.write_text("net_name: resnet18\nepoch_size: 3\n", encoding="utf-8")
+    values = load_config(["--config_path", str(path)]).to_dict()
+    assert values.pop("config_path") == str(path)
+    assert values == {**{name: key.default for name, key in SCHEMA_KEYS.items()}, "net_name": "resnet18",
+                      "epoch_size": 3}
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("{type: int, default: 3}", "expected a mapping of type, default, help"),
+    ("{type: integer, default: 3, help: x}", "type 'integer'"),
+    ("{type: int, default: 0.5, help: x}", "is not an integer"),
+    ("{type: int, default: 3, help: ''}", "help must say"),
+    ("{type: int, default: 3, help: x, recipe: maybe}", "recipe must be true or false"),
+])
+def test_a_malformed_schema_entry_names_the_key(tmp_path, entry, words):
+    path = tmp_path / "schema.yaml"
+    path.write_text(f"epoch_size: {{type: int, default: 1, help: epochs}}\nbroken: {entry}\n", encoding="utf-8")
+    with pytest.raises(UserInputError, match="broken") as info:
+        read_schema(str(path))
+    assert words in str(info.value)
 
 
 def test_importing_the_modules_does_not_parse_argv():
     code = ("import sys; sys.argv = ['x', '--bogus', 'value']; "
-            "import src.config, src.dataset, src.resnet, src.lr_schedule, src.loss, "
+            "import src.config, src.dataset, src.resnet, src.training.lr_schedule, src.training.loss, "
             "src.training.optimizer, src.training.callbacks, src.training.checkpoint, src.device, "
             "src.training.train_step")
     result = run([PYTHON, "-c", code], cwd=REPO, timeout=300)
@@ -244,19 +350,19 @@ def test_config_survives_copy_and_pickle(cfg_path):
     assert cfg.epoch_size == 3
 
 
-REFERENCE = os.path.join(REPO, "config", "resnet50_cifar10.yaml")
+DEFAULT_RECIPE = os.path.join(REPO, "config", "resnet50_cifar10.yaml")
 
 
 def user_config(tmp_path, edit) -> str:
-    """A copy of the reference config with `edit` applied to its text."""
-    with open(REFERENCE, encoding="utf-8") as handle:
+    """A copy of the default recipe with `edit` applied to its text."""
+    with open(DEFAULT_RECIPE, encoding="utf-8") as handle:
         text = edit(handle.read())
     path = tmp_path / "mine.yaml"
     path.write_text(text, encoding="utf-8")
     return str(path)
 
 
-def test_user_config_is_checked_against_the_reference(tmp_path):
+def test_user_config_is_checked_against_the_schema(tmp_path):
     typo = user_config(tmp_path, lambda t: t.replace("lr_max:", "lr_maxx:"))
     with pytest.raises(UserInputError, match=r"unknown config key 'lr_maxx' in .*mine.yaml; did you mean 'lr_max'"):
         load_config(["--config_path", typo])
@@ -265,7 +371,7 @@ def test_user_config_is_checked_against_the_reference(tmp_path):
         load_config(["--config_path", wrong_type])
     missing = user_config(tmp_path, lambda t: t.replace("momentum: 0.9\n", "").replace("lr_max: 0.1", "lr_max: 0.2"))
     cfg = load_config(["--config_path", missing])
-    assert cfg.momentum == 0.9 and cfg.lr_max == 0.2  # a key left out takes the reference's value
+    assert cfg.momentum == 0.9 and cfg.lr_max == 0.2  # a key left out takes the schema's default
 
 
 def test_exponent_floats_and_saved_configs_load(tmp_path):
@@ -281,4 +387,4 @@ def test_exponent_floats_and_saved_configs_load(tmp_path):
                                        ("lr_max", "-0.1")])
 def test_out_of_range_values_are_refused(key, value):
     with pytest.raises(UserInputError, match=key):
-        load_config(["--config_path", REFERENCE, f"--{key}", value])
+        load_config(["--config_path", DEFAULT_RECIPE, f"--{key}", value])

@@ -5,6 +5,7 @@ A zoo config file carries keys this repository has under another name, keys with
 the GPU benchmark's keys (the Thor optimizer's keys are in the schema: src/training/thor.py).
 `translate_zoo_keys` renames the first kind, drops the second (listing them) and refuses, in one
 line, a value that would change the run if it were silently dropped. Pure functions over dicts; no I/O.
+The loader (src/config/loader.py) applies them to every file and command line it reads.
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 

@@ -1,19 +1,30 @@
-"""Config loading: one yaml file plus `--key value` overrides, type-checked, into a plain object.
+"""Config loading: one recipe file plus `--key value` overrides, checked against the schema, into a
+plain object.
 
-The yaml file is the schema: every key a run may set is in it, and its value fixes the type.
-Nothing here runs at import; entry points call `load_config(argv)` once and pass values down.
+The schema (src/config/schema.yaml, read by src/config/schema.py) lists every key a run may set, its
+type and default; a recipe (a file in config/, a model-zoo file, one's own) sets any subset of them.
+Model-zoo keys are translated on the way in (src/config/zoo.py). Nothing here runs at import; entry
+points call `load_config(argv)` once and pass values down.
 """
 import difflib
 import os
-import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from src.errors import UserInputError
-from src.files import write_atomic
-from src.migration.zoo_config import (
+from src.config.schema import (
+    REPO_ROOT,
+    SCHEMA_PATH,
+    TYPES,
+    conform,
+    format_reference,
+    read_schema,
+    schema_defaults,
+    type_words,
+)
+from src.config.yaml_io import read_yaml_documents, safe_yaml
+from src.config.zoo import (
     IGNORED_KEYS,
     RENAMED_KEYS,
     check_optimizer_available,
@@ -21,12 +32,14 @@ from src.migration.zoo_config import (
     refuse_if_active,
     translate_zoo_keys,
 )
+from src.errors import UserInputError
+from src.files import write_atomic
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The default recipe of train.py, eval.py and export.py (and fine_tune.py) without --config_path.
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")
-# The schema: every key a run may set, its type and its default. A config file sets any subset of
-# these keys (with values of the same types); the keys it leaves out take this file's values.
-REFERENCE_CONFIG = DEFAULT_CONFIG
+# The schema every config file is checked against: every key a run may set, its type and its
+# default. A config file sets any subset of these keys; the keys it leaves out take its defaults.
+REFERENCE_CONFIG = SCHEMA_PATH
 # Keys that must be > 0 (checked at load, not hours into a run).
 POSITIVE_KEYS = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_image_size",
                  "num_parallel_workers", "save_checkpoint_epochs", "keep_checkpoint_max", "log_interval",
@@ -54,7 +67,7 @@ class Config:
         values = self.__dict__["_values"]
         if key not in values:
             raise UserInputError(f"config {self.__dict__['_source']} has no key '{key}'; "
-                                 f"add it (the files in config/ list every key)")
+                                 f"add it (src/config/schema.yaml lists every key)")
         return values[key]
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -109,91 +122,52 @@ def coerce_value(key: str, text: str, reference: Any) -> Any:
     if isinstance(reference, list):
         return _parse_list(key, text)
     # A null default accepts any yaml scalar or list.
-    return _safe_yaml(key, text)
-
-
-def _safe_yaml(key: str, text: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError:
-        raise UserInputError(f"--{key}: cannot parse '{text}'") from None
+    return safe_yaml(key, text)
 
 
 def _parse_list(key: str, text: str) -> List[Any]:
     stripped = text.strip()
     if stripped.startswith("["):
-        value = _safe_yaml(key, stripped)
+        value = safe_yaml(key, stripped)
     elif stripped == "":
         value = []
     else:
-        value = [_safe_yaml(key, item) for item in stripped.split(",")]
+        value = [safe_yaml(key, item) for item in stripped.split(",")]
     if not isinstance(value, list):
         raise UserInputError(f"--{key} expects a list like '[1, 2]' or '1,2', got '{text}'")
     return value
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads 1e-4 as a string; read it as the float every Python user means."""
+def _file_types(values: Dict[str, Any]) -> Dict[str, Optional[type]]:
+    """A file that is its own schema: each value's type is its key's (null: any)."""
+    return {key: None if value is None else type(value) for key, value in values.items()}
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789."))
-
-
-def read_yaml_documents(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """Read a config file: its first yaml document is the values; a second one, as in the model
-    zoo's files, maps keys to help texts. A missing or malformed file is a clear error."""
-    if not os.path.isfile(path):
-        raise UserInputError(f"config file not found: {path} (pass --config_path config/<name>.yaml)")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            documents = list(yaml.load_all(handle, Loader=_Loader))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise UserInputError(f"config file {path} is not valid yaml{line}; fix its syntax") from None
-    values = documents[0] if documents else None
-    if not isinstance(values, dict):
-        raise UserInputError(f"config file {path} must be a mapping of key: value")
-    if len(documents) > 2:
-        raise UserInputError(f"config file {path} has {len(documents)} yaml documents; expected the values "
-                             f"and at most one of help texts")
-    helps = documents[1] if len(documents) == 2 else {}
-    if not isinstance(helps, dict):
-        raise UserInputError(f"config file {path}: its second yaml document must map keys to help texts")
-    return values, {str(key): str(text) for key, text in helps.items()}
-
-
-def read_yaml(path: str) -> Dict[str, Any]:
-    """Read a config file's values (its first yaml document)."""
-    return read_yaml_documents(path)[0]
-
-
-def _type_name(value: Any) -> str:
-    return {bool: "a bool", int: "an integer", float: "a number", str: "a string", list: "a list"}.get(
-        type(value), type(value).__name__)
+def check_against_schema(values: Dict[str, Any], path: str, defaults: Dict[str, Any],
+                         types: Dict[str, Optional[type]]) -> Dict[str, Any]:
+    """The schema's keys and no other, with values of the schema's types; keys the file leaves out
+    take the schema's defaults. A saved run config (config.yaml) also holds `config_path`, dropped here."""
+    values = {key: value for key, value in values.items() if key != "config_path"}
+    for key in values:
+        if key not in defaults:
+            raise unknown_key_error(key, defaults.keys(), path)
+    checked = {}
+    for key, value in {**defaults, **values}.items():
+        ok, value = conform(value, types[key])
+        if not ok:
+            raise UserInputError(f"config file {path}: {key} must be {type_words(types[key])}, got {value!r}")
+        checked[key] = value
+    return checked
 
 
 def check_against_reference(values: Dict[str, Any], path: str, reference_path: Optional[str]) -> Dict[str, Any]:
-    """The reference config's keys and no other, with values of the reference's types; keys the
-    file leaves out take the reference's values.
-
-    A saved run config (config.yaml) also holds `config_path`, which is dropped here."""
-    values = {key: value for key, value in values.items() if key != "config_path"}
-    reference = values if reference_path is None else read_yaml(reference_path)
-    for key in values:
-        if key not in reference:
-            raise unknown_key_error(key, reference.keys(), path)
-    checked = {}
-    for key, value in {**reference, **values}.items():
-        expected = reference[key]
-        if isinstance(expected, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if expected is not None and type(value) is not type(expected):
-            raise UserInputError(f"config file {path}: {key} must be {_type_name(expected)}, got {value!r}")
-        checked[key] = value
-    return checked
+    """`check_against_schema` with the schema file `reference_path` (None: the file is its own schema)."""
+    if reference_path is None:
+        own = {key: value for key, value in values.items() if key != "config_path"}
+        return check_against_schema(values, path, own, _file_types(own))
+    schema = read_schema(reference_path)
+    return check_against_schema(values, path, schema_defaults(schema),
+                                {name: TYPES[key.type] for name, key in schema.items()})
 
 
 def check_ranges(values: Dict[str, Any], where: str) -> None:
@@ -250,11 +224,11 @@ def format_help(values: Dict[str, Any], path: str, prog: str, helps: Optional[Di
 
 def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAULT_CONFIG,
                 prog: str = "train.py", reference_path: Optional[str] = REFERENCE_CONFIG) -> Config:
-    """Load `--config_path` (or `default_path`), check it against `reference_path` (None: the file
-    is its own schema), and apply `--key value` overrides from argv.
+    """Load `--config_path` (or `default_path`, the default recipe), check it against the schema
+    `reference_path` (None: the file is its own schema), and apply `--key value` overrides from argv.
 
     Model-zoo config files and command lines work as they are: their keys are translated
-    (src/migration/zoo_config.py); the keys with no effect here are named in `Config.notes`."""
+    (src/config/zoo.py); the keys with no effect here are named in `Config.notes`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pairs = split_overrides([a for a in argv if a not in ("-h", "--help")])
     path = default_path
@@ -269,13 +243,19 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
     file_values, helps = read_yaml_documents(path)
     if reference_path is None:
         schema = list(file_values) + ["config_path"]
+        defaults, types = None, None
     else:
-        reference_values, reference_helps = read_yaml_documents(reference_path)
-        schema = list(reference_values) + ["config_path"]
+        reference = read_schema(reference_path)
+        schema = list(reference) + ["config_path"]
+        defaults = schema_defaults(reference)
+        types = {name: TYPES[key.type] for name, key in reference.items()}
         # the schema's meaning of a key, unless the file gives its own (as the model zoo's files do)
-        helps = {**reference_helps, **helps}
+        helps = {**{name: key.help for name, key in reference.items()}, **helps}
     file_values, ignored = translate_zoo_keys(file_values, schema, f"config file {path}")
-    values = check_against_reference(file_values, path, reference_path)
+    if defaults is None:  # the file is its own schema
+        defaults = {key: value for key, value in file_values.items() if key != "config_path"}
+        types = _file_types(defaults)
+    values = check_against_schema(file_values, path, defaults, types)
     if "-h" in argv or "--help" in argv:
         print(format_help(values, path, prog, helps))
         sys.exit(0)
@@ -306,7 +286,7 @@ def _zoo_cli_value(key: str, text: Optional[str]) -> Any:
     """A zoo key's command-line value, read as yaml ('True' -> True) so its check sees a value."""
     if text is None:
         return True
-    return _safe_yaml(key, text)
+    return safe_yaml(key, text)
 
 
 def run_dir(cfg: Config) -> str:
@@ -317,47 +297,6 @@ def run_dir(cfg: Config) -> str:
 def save_config(cfg: Config, path: str) -> None:
     """Write the resolved config as yaml (atomically)."""
     write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-
-
-def _markdown_cell(value: Any) -> str:
-    """A default as a Markdown table cell, written as in the yaml files."""
-    if value is None:
-        text = "null"
-    elif isinstance(value, str):
-        text = value or '""'
-    elif isinstance(value, list):
-        text = "[" + ", ".join(str(item) for item in value) + "]"
-    else:
-        text = str(value)
-    return "`" + text.replace("|", "\\|") + "`"
-
-
-def _markdown_text(text: str) -> str:
-    """Plain text for a Markdown table cell: `|` escaped, and `<` outside code spans written as an
-    entity so `<run folder>` is not taken for an HTML tag."""
-    parts = text.replace("|", "\\|").split("`")
-    return "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(parts))
-
-
-def format_reference(path: str = REFERENCE_CONFIG) -> str:
-    """The configuration reference as Markdown: every key of the schema with its type, default and
-    meaning (the schema's second yaml document). docs/config_reference.md is this text."""
-    values, helps = read_yaml_documents(path)
-    missing = [key for key in values if not helps.get(key)]
-    if missing:
-        raise UserInputError(f"{path}: no meaning for {', '.join(missing)}; add each to its second yaml document")
-    name = os.path.relpath(path, REPO_ROOT)
-    lines = ["# Configuration reference", "",
-             f"Every key a config file or `--key value` may set: its type, its default (from `{name}`, the",
-             "schema) and what it means. How configs are read: [configuration](configuration.md).",
-             "", "<!-- generated by `python -m src.config --reference > docs/config_reference.md`; "
-             "tests/test_docs.py fails when it is out of date -->", "",
-             "| key | type | default | meaning |", "|---|---|---|---|"]
-    for key, value in values.items():
-        kind = "any" if value is None else type(value).__name__
-        meaning = _markdown_text(helps[key])
-        lines.append(f"| `{key}` | {kind} | {_markdown_cell(value)} | {meaning} |")
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -373,8 +312,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     print(yaml.safe_dump(load_config(argv).to_dict(), sort_keys=False), end="")
     return 0
-
-
-if __name__ == "__main__":
-    from src.errors import run_cli
-    run_cli(main)
