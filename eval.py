@@ -29,15 +29,13 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from src.config import Config, load_config
-from src.cpu_convolution import choose_convolutions
-from src.cpu_convolution import set_threads as set_convolution_threads
 from src.data.host_stage import normalization_of
 from src.dataset import create_eval_dataset
 from src.deploy.inference import ExportedModel
-from src.device import cap_workers, init_device
+from src.device import cap_workers
 from src.errors import UserInputError, run_cli
-from src.resnet import create_model
-from src.training.checkpoint import load_into_network
+from src.runtime import set_up_runtime
+from src.training.checkpoint import network_from_checkpoint
 from src.training.distributed import init_distributed, launcher_device_id, local_rank_count
 from src.training.metrics import evaluate, evaluate_outputs
 from src.training.model_summary import model_summary, summary_line
@@ -84,9 +82,8 @@ def model_file_predictor(cfg: Config) -> Callable[[np.ndarray], np.ndarray]:
 
 def load_network(cfg: Config, rank: int, convolutions: str = "mindspore"):
     """The checkpoint's network (its summary printed first with --summary True)."""
-    net = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
-    load_into_network(net, cfg.checkpoint_file_path, what=f"{cfg.net_name} with class_num {cfg.class_num}",
-                      use_ema=cfg.use_ema)
+    net = network_from_checkpoint(cfg.net_name, cfg.class_num, cfg.checkpoint_file_path, use_ema=cfg.use_ema,
+                                  convolutions=convolutions)
     if cfg.summary and rank == 0:
         print(summary_line(cfg.net_name, model_summary(net, image_size=cfg.eval_image_size,
                                                        checkpoint_bytes=os.path.getsize(cfg.checkpoint_file_path))),
@@ -98,12 +95,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="eval.py")
     check_request(cfg)
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
-    convolutions, convolutions_note = choose_convolutions(cfg.cpu_convolution, device_target=cfg.device_target)
-    threads = init_device(cfg.device_target, mode_name=cfg.mode_name,
-                          device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
-                          processes_per_node=local_ranks, cap_cpu_isa=convolutions == "mindspore")
-    if convolutions != "mindspore":
-        set_convolution_threads(threads)
+    convolutions, convolutions_note, _ = set_up_runtime(
+        cfg.device_target, cpu_convolution=cfg.cpu_convolution, mode_name=cfg.mode_name,
+        device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
+        processes_per_node=local_ranks)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
     for note in cfg.notes + [line for line in (workers_note, convolutions_note) if line]:

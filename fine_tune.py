@@ -11,51 +11,29 @@ the last epoch. It is train.py with these keys set: --pre_trained, --filter_weig
 head is dropped), --freeze_backbone True, a constant lr, --run_eval True from the last epoch; any
 of them given on the command line wins.
 """
+import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
-import train
-from src.config import DEFAULT_CONFIG, read_yaml_documents, split_overrides
-from src.errors import UserInputError, run_cli
+from src.errors import run_cli
+from src.migration.fine_tune import fine_tune_argv
 
-DEFAULT_LEARNING_RATE = 0.001  # the zoo's resnet34_cpu_config.yaml
-
-
-def zoo_fine_tune_keys(argv: Sequence[str]) -> dict:
-    """checkpoint_path, learning_rate and epoch_size, from the command line or else the config file."""
-    pairs = dict(split_overrides([a for a in argv if a not in ("-h", "--help")]))
-    file_values, _ = read_yaml_documents(pairs.get("config_path") or DEFAULT_CONFIG)
-    return {key: pairs[key] if pairs.get(key) is not None else file_values.get(key)
-            for key in ("checkpoint_path", "learning_rate", "epoch_size")}
-
-
-def fine_tune_argv(argv: Sequence[str]) -> List[str]:
-    """train.py's command line for the zoo's fine-tuning flow (the user's own options last, so they win)."""
-    keys = zoo_fine_tune_keys(argv)
-    checkpoint = str(keys["checkpoint_path"] or "")
-    if not checkpoint.endswith(".ckpt"):
-        raise UserInputError(f"checkpoint_path {checkpoint!r} does not name a pre-trained .ckpt file; set "
-                             f"checkpoint_path (in the config file or --checkpoint_path) to the checkpoint to "
-                             f"fine-tune")
-    lr = str(keys["learning_rate"] if keys["learning_rate"] is not None else DEFAULT_LEARNING_RATE)
-    own = ["--pre_trained", checkpoint, "--filter_weight", "True", "--freeze_backbone", "True",
-           "--lr_decay_mode", "constant", "--lr_init", lr, "--lr_max", lr, "--warmup_epochs", "0",
-           "--weight_decay", "0", "--run_eval", "True", "--eval_start_epoch", str(keys["epoch_size"] or 1)]
-    # The two zoo keys are consumed here; train.py would only list them as ignored.
-    rest = [token for key, value in split_overrides(argv) if key not in ("checkpoint_path", "learning_rate")
-            for token in [f"--{key}"] + ([] if value is None else [value])]
-    return own + rest
+TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        print(__doc__)
-        return train.main(argv)
-    converted = fine_tune_argv(argv)
-    print(f"fine_tune.py: train.py {' '.join(converted[:20])} (the zoo's checkpoint_path and learning_rate)",
-          flush=True)
-    return train.main(converted)
+        print(__doc__, flush=True)
+        converted = argv
+    else:
+        converted = fine_tune_argv(argv)
+        print(f"fine_tune.py: train.py {' '.join(converted[:20])} (the zoo's checkpoint_path and learning_rate)",
+              flush=True)
+    # train.py in this process's place, with this interpreter's options (-u, -X ...): the same process,
+    # exit code and signals as if run directly.
+    options = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]
+    os.execv(sys.executable, [sys.executable, *options, TRAIN_PY, *converted])
 
 
 if __name__ == "__main__":

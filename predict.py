@@ -25,17 +25,17 @@ import json
 from typing import List, Optional, Sequence
 
 import numpy as np
-from PIL import Image
 
 from src.data.class_names import read_class_names
 from src.data.host_stage import normalization_of
 from src.data.sources import IMAGE_EXTENSIONS
-from src.dataset import DATASETS, eval_image
+from src.dataset import DATASETS, load_pixels
 from src.deploy.inference import (
     ExportedModel,
     file_format_of,
     list_images,
     require_onnxruntime,
+    resolve_image_size,
     softmax,
     top_k,
 )
@@ -69,34 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device_target", default="CPU", choices=DEVICE_TARGETS,
                         help="where MindSpore runs a MINDIR file (default CPU)")
     return parser
-
-
-def resolve_image_size(model: ExportedModel, requested: int) -> int:
-    """The square input side: the model's, or --image_size (which must agree with a known one)."""
-    known = model.image_size
-    if known and known[0] != known[1]:
-        raise UserInputError(f"{model.path} takes {known[0]}x{known[1]} inputs; predict.py feeds square "
-                             f"images (the eval transform): export with equal --height and --width")
-    if requested < 0:
-        raise UserInputError(f"--image_size must be positive, got {requested}")
-    if requested and known and requested != known[0]:
-        raise UserInputError(f"--image_size {requested} does not match {model.path}, which takes "
-                             f"{known[0]}x{known[1]} inputs; drop --image_size")
-    if requested:
-        return requested
-    if known:
-        return known[0]
-    raise UserInputError(f"cannot read the input size of {model.path}; pass --image_size")
-
-
-def load_pixels(path: str, dataset: str, image_size: int, resize_size: int = 0,
-                interpolation: str = "bilinear") -> np.ndarray:
-    """One image file as the eval transform crops it: uint8 HWC RGB, before normalization."""
-    try:
-        with Image.open(path) as image:
-            return eval_image(image, dataset, image_size, resize_size, interpolation)
-    except (OSError, ValueError) as err:
-        raise UserInputError(f"cannot read image {path} ({err}); pass image files") from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -63,6 +63,16 @@ def eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: i
     return sample_transform(dataset, image_size, resize_size, interpolation)(image, None)
 
 
+
+def load_pixels(path: str, dataset: str, image_size: int, resize_size: int = 0,
+                interpolation: str = "bilinear") -> np.ndarray:
+    """One image file as the eval transform crops it: uint8 HWC RGB, before normalization."""
+    try:
+        with Image.open(path) as image:
+            return eval_image(image, dataset, image_size, resize_size, interpolation)
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"cannot read image {path} ({err}); pass image files") from None
+
 WORKER_KINDS = ("process", "thread")
 
 

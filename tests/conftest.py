@@ -1,4 +1,5 @@
 """Shared fixtures: the repository on sys.path, fast CPU convolutions, small generated datasets."""
+import csv
 import fcntl
 import hashlib
 import importlib.util
@@ -11,7 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -219,3 +220,33 @@ def wait_for_step(folder: Path, step: int, process: subprocess.Popen, timeout: f
         if path.exists() and any(line.split(",")[1:2] == [str(step)] for line in path.read_text().splitlines()):
             return
         time.sleep(0.05)
+
+
+def train_args(base: Sequence[str], data: Path, out: Path, *extra: str) -> List[str]:
+    """train.py's command line on `data` into `out`: a module's `base` options, then the test's `extra`."""
+    return [PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(out), *base, *extra]
+
+
+def read_metrics(folder_or_path: Path) -> List[Dict[str, str]]:
+    """The rows of a run record: metrics.csv in the run folder given, or the CSV file given."""
+    path = Path(folder_or_path)
+    if path.is_dir():
+        path = path / "metrics.csv"
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def last_json(stdout: str) -> dict:
+    """The JSON report a command prints as the last line of its stdout."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def one_line_error(result: subprocess.CompletedProcess, returncode: int = 2, alone: bool = True) -> str:
+    """The one `error: ` line of a refused command that exited `returncode` (`alone`: all of stderr)."""
+    if alone:
+        lines = result.stderr.strip().splitlines()
+    else:  # warnings may come before it
+        lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == returncode, f"rc {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+    return lines[0]

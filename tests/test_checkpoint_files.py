@@ -7,10 +7,10 @@ import subprocess
 import mindspore as ms
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, read_metrics, run, train_args
 from src.errors import UserInputError
 from src.training.checkpoint import EMA_PREFIX, read_checkpoint, rotate
-from test_resume import CONFIG, NET, RUN, kill_when, read_rows, train_args
+from test_resume import CONFIG, NET, RUN, TRAIN, kill_when
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -19,8 +19,8 @@ def test_kill_during_saves_leaves_only_loadable_checkpoints(cifar_dir, tmp_path)
     # A checkpoint every step: most of the time is spent saving, so the kills land mid-save.
     for attempt, delay in enumerate((0.05, 0.2, 0.45)):
         out = tmp_path / str(attempt)
-        process = subprocess.Popen(train_args(cifar_dir, out, "--epoch_size", "3", "--save_checkpoint_steps", "1",
-                                              "--keep_checkpoint_max", "3"),
+        process = subprocess.Popen(train_args(TRAIN, cifar_dir, out, "--epoch_size", "3", "--save_checkpoint_steps",
+                                              "1", "--keep_checkpoint_max", "3"),
                                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         kill_when(process, out / RUN / f"{NET}-1_2.ckpt", delay)
         finals = sorted((out / RUN).glob(f"{NET}-*.ckpt"))
@@ -31,11 +31,11 @@ def test_kill_during_saves_leaves_only_loadable_checkpoints(cifar_dir, tmp_path)
 
 def test_best_checkpoint_holds_the_best_epoch_of_the_ema(cifar_dir, tmp_path):
     # With model_ema on, evaluation reports raw and EMA accuracy and best.ckpt follows the EMA.
-    result = run(train_args(cifar_dir, tmp_path, "--epoch_size", "2", "--run_eval", "True", "--save_checkpoint",
+    result = run(train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "2", "--run_eval", "True", "--save_checkpoint",
                             "False", "--model_ema", "True", "--model_ema_decay", "0.9", "--model_ema_steps", "1"))
     assert result.returncode == 0, result.stderr[-3000:]
     folder = tmp_path / RUN
-    evals = [r for r in read_rows(folder) if r["top_1"]]
+    evals = [r for r in read_metrics(folder) if r["top_1"]]
     assert [int(r["epoch"]) for r in evals] == [1, 2]
     assert all(r["ema_top_1"] and r["ema_top_5"] for r in evals)
     best = max(evals, key=lambda r: (float(r["ema_top_1"]), -int(r["epoch"])))
@@ -61,18 +61,17 @@ def test_rotation_keeps_the_newest_and_the_newest_epoch_end(tmp_path):
 
 
 def test_resume_refuses_a_folder_of_another_run_without_checkpoints(tmp_path):
-    import train
-
     from src.config import load_config, save_config
     from src.errors import UserInputError
+    from src.training.resume import check_relaunch_folder
     config = load_config(["--config_path", CONFIG])
-    train.check_relaunch_folder(config, str(tmp_path))  # empty: fine
+    check_relaunch_folder(config, str(tmp_path))  # empty: fine
     save_config(config, str(tmp_path / "config.yaml"))
     relaunched = load_config(["--config_path", CONFIG, "--resume", "True"])
-    train.check_relaunch_folder(relaunched, str(tmp_path))  # the same run relaunched: fine
+    check_relaunch_folder(relaunched, str(tmp_path))  # the same run relaunched: fine
     other = load_config(["--config_path", CONFIG, "--seed", "7"])
     with pytest.raises(UserInputError, match=r"holds another run \(its config.yaml has seed: 1, this one 7\)"):
-        train.check_relaunch_folder(other, str(tmp_path))
+        check_relaunch_folder(other, str(tmp_path))
 
 
 def low_free_memory(monkeypatch) -> None:

@@ -6,7 +6,6 @@ run without it.
 """
 import contextlib
 import io
-import json
 import os
 import pickle
 import re
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from conftest import NO_TORCH, PYTHON, needs_torch, run
+from conftest import NO_TORCH, PYTHON, last_json, needs_torch, one_line_error, run
 from src.errors import run_cli
 from src.migration import convert_torch as ct
 from src.resnet import ARCHS, create_model
@@ -28,14 +27,6 @@ pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the
 CONVERT = [PYTHON, "-m", "src.migration.convert_torch"]
 PARITY = [PYTHON, "-m", "src.migration.parity"]
 CLASSES = {"resnet18": 10, "resnet50": 1000, "resnext50_32x4d": 10, "wide_resnet50_2": 10}
-
-
-def one_line_error(result) -> str:
-    """A user error: exit code 2 and exactly one line on stderr."""
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2, f"rc {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
-    return lines[0]
 
 
 def ok(result) -> str:
@@ -61,10 +52,6 @@ def refused(*argv: str) -> str:
     lines = err.getvalue().strip().splitlines()
     assert exited.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err.getvalue()[-3000:]
     return lines[0]
-
-
-def last_json(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from mindspore import Tensor, nn
 from mindspore import dtype as mstype
 
-from conftest import NO_CURVES, PYTHON, REPO, needs_torch, run
+from conftest import NO_CURVES, PYTHON, REPO, last_json, needs_torch, run
 from src.cpu import cpu_flags, cpu_model
 from src.cpu_convolution import (
     OneDnnConv2d,
@@ -340,7 +340,7 @@ def test_a_capped_isa_asks_oneDNN_for_its_layouts_and_chooses_by_timing(tmp_path
     cache = tmp_path / "verdicts.json"
     result = run([PYTHON, "-c", CAPPED_CHOICE.format(repo=str(REPO)), isa, str(cache)])
     assert result.returncode == 0, result.stderr[-2000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = last_json(result.stdout)
     assert found["isa"] == isa
     assert found["float32"] == ("nChw8c" if isa == "avx2" else "nChw16c")
     if isa in ("avx2", "avx512_core") and found["bfloat16"] == "":
@@ -444,20 +444,23 @@ def test_entry_points_set_openmp_before_anything_imports_mindspore(entry_point):
     assert ast.unparse(first_call) == "set_openmp_environment()"
 
 
-def test_openmp_spin_count_is_set_when_mindspore_loads_and_a_users_value_stays():
-    probe = ("import builtins, os, sys\n"
-             "seen = []\n"
-             "real_import = builtins.__import__\n"
-             "def spy(name, *args, **kwargs):\n"
-             "    if name.startswith('mindspore') and not seen:\n"
-             "        seen.append(os.environ.get('GOMP_SPINCOUNT'))\n"
-             "    return real_import(name, *args, **kwargs)\n"
-             "builtins.__import__ = spy\n"
-             "import train\n"
-             "print(seen[0])\n")
+def test_openmp_spin_count_is_set_when_mindspore_loads_and_a_users_value_stays(tmp_path):
+    # A sitecustomize.py on PYTHONPATH sees the environment when train.py, run as users run it, first
+    # imports MindSpore (train.py --help stops right after).
+    (tmp_path / "sitecustomize.py").write_text(
+        "import builtins, os\n"
+        "real_import = builtins.__import__\n"
+        "def spy(name, *args, **kwargs):\n"
+        "    if name.startswith('mindspore') and not os.environ.get('SEEN_SPIN_COUNT'):\n"
+        "        os.environ['SEEN_SPIN_COUNT'] = os.environ.get('GOMP_SPINCOUNT', 'unset')\n"
+        "        with open(os.environ['SPY_FILE'], 'w') as handle:\n"
+        "            handle.write(os.environ['SEEN_SPIN_COUNT'])\n"
+        "    return real_import(name, *args, **kwargs)\n"
+        "builtins.__import__ = spy\n")
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
-    result = subprocess.run([PYTHON, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert result.stdout.split()[-1] == SPIN_COUNT
+    env.update(PYTHONPATH=str(tmp_path), SPY_FILE=str(tmp_path / "seen.txt"))
+    subprocess.run([PYTHON, "train.py", "--help"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert (tmp_path / "seen.txt").read_text() == SPIN_COUNT
     mine = {"GOMP_SPINCOUNT": "5"}
     set_openmp_environment(mine)
     assert mine == {"GOMP_SPINCOUNT": "5"}

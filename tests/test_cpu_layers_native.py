@@ -3,14 +3,13 @@ given: parameter records and argument slots defined once and checked on both sid
 refused with one line naming the kernel and its shapes, a bounded plan cache, thread changes, other
 batch sizes, grouped and dilated convolutions in the blocked layout, and an AVX2-capped oneDNN."""
 import inspect
-import json
 
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from conftest import PYTHON, REPO, run
+from conftest import PYTHON, REPO, last_json, run
 from src.cpu_convolution import library, unavailable_reason, use_onednn_layers
 from src.cpu_convolution.cells import (
     INPUT_BLOCKED,
@@ -183,7 +182,7 @@ def blocked_network_gaps() -> dict:
 def test_a_blocked_network_trains_as_mindspores_at_two_batch_sizes_a_thread_change_and_an_avx2_cap(isa):
     result = run([PYTHON, "-c", BLOCKED_NETWORK.format(repo=str(REPO), tests=str(REPO / "tests")), isa])
     assert result.returncode == 0, result.stderr[-3000:]
-    gaps = json.loads(result.stdout.strip().splitlines()[-1])
+    gaps = last_json(result.stdout)
     assert gaps.pop("layout") == ("nChw8c" if isa == "avx2" else library.blocked_layout("float32"))
     # float32 rounding of two orders of summation: ~1e-5, up to ~1e-4 on a small gradient; a layer
     # reading another layout than it was given is off by its whole size

@@ -2,7 +2,6 @@
 statistics, random erasing bounds, mixup/cutmix targets, repeated augmentation, keyed determinism,
 soft-target loss and the one-line errors for bad values."""
 import hashlib
-import json
 from collections import Counter
 
 import mindspore as ms
@@ -11,7 +10,7 @@ import pytest
 from mindspore import Tensor
 from PIL import Image
 
-from conftest import PYTHON, REPO, run
+from conftest import PYTHON, REPO, last_json, run
 from src.data.auto_augment import (
     AUGMIX_OPS,
     BASIC_OPS,
@@ -29,7 +28,7 @@ from src.data.sampling import EpochSampler
 from src.data.transforms import folder_eval_transform
 from src.dataset import Augmentation, create_dataset, create_train_input_stage
 from src.errors import UserInputError
-from src.loss import CrossEntropySmooth
+from src.training.loss import CrossEntropySmooth
 
 RAMP = np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, axis=2)
 FULL_RECIPE = Augmentation(auto_augment="ta_wide", random_erase=0.25, mixup_alpha=0.2, cutmix_alpha=1.0, ra_reps=2)
@@ -313,7 +312,7 @@ def test_full_recipe_batches_are_keyed_across_workers_restarts_and_resume(folder
             f"print(json.dumps(digest(recipe_batches({str(folder_dir)!r}, workers=1, epochs=2))))")
     restarted = run([PYTHON, "-c", code], cwd=REPO)
     assert restarted.returncode == 0, restarted.stderr[-2000:]
-    assert json.loads(restarted.stdout.strip().splitlines()[-1]) == digest(two_epochs)
+    assert last_json(restarted.stdout) == digest(two_epochs)
     plain = recipe_batches(folder_dir, workers=1, augmentation=Augmentation())
     assert len(plain[0][0]) == 2  # without erasing or mixing: images and labels only
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import NO_CURVES, PYTHON, REPO, run, wait_for_step
+from conftest import NO_CURVES, PYTHON, REPO, last_json, read_metrics, run, wait_for_step
 from netns import free_port, two_nodes, unavailable
 from src.errors import UserInputError
 from src.resnet import create_model
@@ -71,7 +71,7 @@ def test_two_ranks_finish_with_identical_weights(runs):
     assert sorted(p.name for p in folder.iterdir() if p.is_file()) == [
         "config.yaml", "curves.png", "final_state_rank0.json", "final_state_rank1.json", "metrics.csv",
         f"{NET}-1_{STEPS}.ckpt"]
-    steps = [line.split(",")[1] for line in (folder / "metrics.csv").read_text().splitlines()[1:]]
+    steps = [row["step"] for row in read_metrics(folder)]
     assert steps == [str(s) for s in range(1, STEPS + 1)]  # sink mode on CPU still logs every step
 
 
@@ -211,7 +211,7 @@ def test_distributed_eval_counts_every_sample_once(runs, cifar_dir, tmp_path):
             "--batch_size", "16"]
     single = run([PYTHON, "eval.py"] + args)
     assert single.returncode == 0, single.stderr[-2000:]
-    expected = json.loads(single.stdout.strip().splitlines()[-1])
+    expected = last_json(single.stdout)
     logs = tmp_path / "logs"
     launched = run([str(Path(PYTHON).parent / "msrun"), "--worker_num=2", "--local_worker_num=2", "--master_port=8162",
                     f"--log_dir={logs}", "--join=True", str(REPO / "eval.py")] + args +

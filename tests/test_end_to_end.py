@@ -1,13 +1,11 @@
 """The launchers and entry points as a user runs them: real subprocesses on generated data."""
-import csv
-import json
 import math
 import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, REPO, run
+from conftest import PYTHON, REPO, last_json, read_metrics, run
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -16,10 +14,6 @@ TRAIN_SH = REPO / "scripts" / "run_standalone_train.sh"
 EVAL_SH = REPO / "scripts" / "run_eval.sh"
 FAST = ["--epoch_size", "3", "--batch_size", "16", "--warmup_epochs", "0", "--lr_max", "0.05",
         "--log_interval", "4"]
-
-
-def last_json(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +67,7 @@ def test_train_and_eval_on_image_folders(tmp_path, folder_dir):
               "--cutmix_alpha", "1.0"]
     trained = run([PYTHON, "train.py"] + common + FAST + ["--epoch_size", "1"] + recipe)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    with open(tmp_path / "resnet10" / "imagenet2012" / "metrics.csv", newline="") as handle:
-        losses = [float(row["loss"]) for row in csv.DictReader(handle) if row["loss"]]
+    losses = [float(row["loss"]) for row in read_metrics(tmp_path / "resnet10" / "imagenet2012") if row["loss"]]
     assert losses and all(math.isfinite(loss) for loss in losses)
     ckpt = tmp_path / "resnet10" / "imagenet2012" / "resnet10-1_12.ckpt"
     evaluated = run([PYTHON, "eval.py"] + common + ["--checkpoint_file_path", str(ckpt), "--batch_size", "32"])

@@ -2,7 +2,6 @@
 The stop-signal tests sit beside the uninterrupted runs they compare with: test_resume.py (one
 process) and test_distributed.py (two ranks through the launcher)."""
 import contextlib
-import csv
 import json
 import os
 import pickle
@@ -17,7 +16,7 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 from PIL import Image
 
-from conftest import NO_CURVES, PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, one_line_error, read_metrics, run, train_args
 from src.data.bad_samples import BadSampleLog, bad_sample_limit, scan_unreadable
 from src.data.batches import AugmentedSource
 from src.data.image_decode import crop_resize
@@ -39,22 +38,6 @@ RUN = Path(NET) / "cifar10"
 FOLDER_RUN = Path(NET) / "imagenet2012"
 BASE = ["--config_path", CONFIG, "--net_name", NET, "--batch_size", "16", "--log_interval", "1", "--run_eval", "False",
         "--warmup_epochs", "0", "--lr_max", "0.05", "--epoch_size", "1", *NO_CURVES]
-
-
-def train_args(data: Path, out: Path, *extra: str) -> list:
-    return [PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(out)] + BASE + list(extra)
-
-
-def error_line(result: subprocess.CompletedProcess) -> str:
-    """The one line a user error leaves on stderr (other stderr lines are warnings)."""
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    return errors[0]
-
-
-def metrics(folder: Path) -> list:
-    with open(folder / "metrics.csv", newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def all_finite(path: Path) -> bool:
@@ -113,17 +96,17 @@ def test_evaluation_with_non_finite_loss_never_becomes_best(cifar_dir, tmp_path)
 
 def test_nan_run_stops_and_keeps_the_good_checkpoints(cifar_dir, tmp_path):
     # lr 0 at step 1, then a warmup to 1e6: finite at first, then every weight blows up.
-    result = run(train_args(cifar_dir, tmp_path, "--lr_init", "0", "--lr_max", "1e6", "--warmup_epochs", "1",
+    result = run(train_args(BASE, cifar_dir, tmp_path, "--lr_init", "0", "--lr_max", "1e6", "--warmup_epochs", "1",
                             "--epoch_size", "2", "--save_checkpoint_steps", "1", "--keep_checkpoint_max", "2"))
     assert result.returncode == 2, result.stderr[-3000:]
-    line = error_line(result)
+    line = one_line_error(result, alone=False)
     assert "training diverged" in line and "lr_max" in line and "warmup_epochs" in line
     folder = tmp_path / RUN
     saved = sorted(folder.glob("*.ckpt"))
     assert saved and all(all_finite(path) for path in saved)  # the good ones are kept, no NaN one written
     # The last logged step is the one that stopped the run (its weights held NaN/Inf): the two steps
     # before it are the checkpoints kept (keep_checkpoint_max 2), however soon the run blew up.
-    stopped = int(metrics(folder)[-1]["step"])
+    stopped = int(read_metrics(folder)[-1]["step"])
     assert sorted(int(p.stem.split("_")[1]) for p in saved) == list(range(max(1, stopped - 2), stopped))
     assert not list(folder.glob(".tmp-*"))
     assert stopped < 24  # stopped, not trained to the end
@@ -138,10 +121,10 @@ def test_a_non_finite_step_is_replayed_and_its_first_non_finite_layer_named(cifa
             param.set_data(Tensor(np.full(param.shape, 1e38, np.float32)))
     planted = tmp_path / "planted.ckpt"
     save_atomic(net, str(planted))
-    result = run(train_args(cifar_dir, tmp_path / "out", "--pre_trained", str(planted), "--nan_patience", "1",
+    result = run(train_args(BASE, cifar_dir, tmp_path / "out", "--pre_trained", str(planted), "--nan_patience", "1",
                             "--loss_scale_type", "fixed"))
     assert result.returncode == 2, result.stderr[-3000:]
-    line = error_line(result)
+    line = one_line_error(result, alone=False)
     assert "global step 1" in line and "(not applied)" in line
     assert "replayed step 1: first non-finite output: layer3.0.conv1 from a finite input" in line
     found = json.loads((tmp_path / "out" / RUN / "nonfinite_rank0.json").read_text())
@@ -183,28 +166,28 @@ def grow(path: Path, megabytes: int) -> None:
 def test_full_disk_during_second_checkpoint_then_resume(cifar_dir, tmp_path):
     # A resnet10 training checkpoint is 37.5 MiB: the first fits on 60 MiB, the second does not.
     with small_disk(tmp_path / "disk", 60) as disk:
-        result = run(train_args(cifar_dir, disk, "--save_checkpoint_steps", "3"))
+        result = run(train_args(BASE, cifar_dir, disk, "--save_checkpoint_steps", "3"))
         assert result.returncode == 2, result.stderr[-3000:]
-        line = error_line(result)
+        line = one_line_error(result, alone=False)
         assert result.stderr.strip().splitlines() == [line]  # nothing else: no traceback, no framework log
         folder = disk / RUN
         assert "cannot write" in line and f"{NET}-1_6.ckpt" in line and "No space left" in line
         assert "free in" in result.stdout and "less than the last checkpoint" in result.stdout
         assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "metrics.csv", f"{NET}-1_3.ckpt",
                                                              "tensorboard"]
-        assert [int(r["step"]) for r in metrics(folder)] == list(range(1, 7))
+        assert [int(r["step"]) for r in read_metrics(folder)] == list(range(1, 7))
         read_checkpoint(str(folder / f"{NET}-1_3.ckpt"))  # intact
 
         grow(disk, 200)
         (folder / f".tmp-4242-{NET}-1_9.tmp").write_bytes(b"left by a killed run")
         (folder / "notes.txt").write_text("mine")
-        resumed = run(train_args(cifar_dir, disk, "--resume", "True"))
+        resumed = run(train_args(BASE, cifar_dir, disk, "--resume", "True"))
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert f"removed 1 temporary file(s) left by an interrupted run: .tmp-4242-{NET}-1_9.tmp" in resumed.stdout
         assert "resumed from" in resumed.stdout and f"{NET}-1_3.ckpt at global step 3" in resumed.stdout
         assert sorted(p.name for p in folder.glob("*.ckpt")) == [f"{NET}-1_12.ckpt", f"{NET}-1_3.ckpt"]
         assert (folder / "notes.txt").read_text() == "mine"
-        assert [int(r["step"]) for r in metrics(folder)] == list(range(1, 13))
+        assert [int(r["step"]) for r in read_metrics(folder)] == list(range(1, 13))
 
 
 def test_unwritable_run_folder_is_one_line(cifar_dir, tmp_path):
@@ -214,10 +197,12 @@ def test_unwritable_run_folder_is_one_line(cifar_dir, tmp_path):
     (out / RUN).mkdir(parents=True)
     (out / RUN).chmod(0o555)
     try:
-        result = run(train_args(cifar_dir, out))
+        result = run(train_args(BASE, cifar_dir, out))
     finally:
         (out / RUN).chmod(0o755)
-    assert result.returncode == 2 and "cannot write" in error_line(result) and "config.yaml" in error_line(result)
+    assert result.returncode == 2
+    line = one_line_error(result, alone=False)
+    assert "cannot write" in line and "config.yaml" in line
 
 
 # --- unreadable samples -----------------------------------------------------------------------
@@ -310,22 +295,22 @@ def test_broken_jpeg_is_skipped_counted_and_bounded(small_folder, tmp_path):
     break_image(first)
     args = ["--dataset", "imagenet2012", "--class_num", "10", "--train_image_size", "32", "--batch_size", "8",
             "--num_parallel_workers", "1", "--save_checkpoint", "False", "--max_bad_samples", "1"]
-    done = run(train_args(small_folder, tmp_path / "a", *args, "--check_data", "True"))
+    done = run(train_args(BASE, small_folder, tmp_path / "a", *args, "--check_data", "True"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"unreadable: {first}" in done.stderr  # --check_data lists it up front
     assert "check_data: 1 of 40 training images unreadable (max_bad_samples 1)" in done.stdout
     assert done.stderr.count(f"warning: skipped unreadable image {first}") == 1
     assert "epoch 1 done:" in done.stdout and "; 1 unreadable sample(s) replaced" in done.stdout
-    rows = metrics(tmp_path / "a" / FOLDER_RUN)
+    rows = read_metrics(tmp_path / "a" / FOLDER_RUN)
     assert [r["bad_samples"] for r in rows if r["bad_samples"]] == ["1"]
 
     break_image(second)
-    checked = run(train_args(small_folder, tmp_path / "b", *args, "--check_data", "True"))
+    checked = run(train_args(BASE, small_folder, tmp_path / "b", *args, "--check_data", "True"))
     assert checked.returncode == 2 and f"unreadable: {first}" in checked.stderr
     assert f"unreadable: {second}" in checked.stderr
-    assert "2 unreadable images, more than max_bad_samples 1" in error_line(checked)
+    assert "2 unreadable images, more than max_bad_samples 1" in one_line_error(checked, alone=False)
     assert not (tmp_path / "b").exists()  # refused before anything is written
-    stopped = run(train_args(small_folder, tmp_path / "c", *args))
+    stopped = run(train_args(BASE, small_folder, tmp_path / "c", *args))
     assert stopped.returncode == 2
-    line = error_line(stopped)
+    line = one_line_error(stopped, alone=False)
     assert "more than max_bad_samples 1" in line and str(first) in line and str(second) in line

@@ -4,10 +4,17 @@ from pathlib import Path
 from typing import Dict, Set
 
 REPO = Path(__file__).resolve().parents[1]
-ENTRY_POINTS = {"train", "eval", "export", "predict", "benchmark"}
+# Every script at the top: run, never imported (what two of them share lives in src/ or tools/).
+ENTRY_POINTS = {"train", "eval", "export", "predict", "fine_tune", "benchmark", "benchmark_learning", "train_parity"}
 BUILDING_BLOCKS = {"src.errors", "src.files", "src.device", "src.openmp", "src.cpu"}
-LEAF_FACES = {"src.resnet", "src.loss", "src.lr_schedule"}   # faces that sub-packages may use
-COMPOSING_FACES = {"src.config", "src.dataset"}              # only entry points import these
+LEAF_FACES = {"src.resnet", "src.training.loss", "src.training.lr_schedule"}   # faces that sub-packages may use
+COMPOSING_FACES = {"src.config", "src.dataset"}   # the config and the input pipeline: entry points and composers
+# The modules that build a run's parts from its config, for the entry points (the only others that
+# read the config or compose the input pipeline).
+COMPOSERS = {"src.runtime", "src.training.data", "src.training.factory", "src.training.resume", "src.training.loop",
+             "src.deploy.export", "src.migration.fine_tune", "src.migration.dumped_batches",
+             "src.migration.learning", "src.migration.nonfinite_replay", "src.migration.train_sides",
+             "src.migration.train_steps"}
 # Sub-packages below a leaf face (src.resnet builds its convolutions with src.cpu_convolution): they
 # import building blocks only.
 LEAF_PACKAGES = {"src.cpu_convolution"}
@@ -42,21 +49,37 @@ def import_graph() -> Dict[str, Set[str]]:
     return {name: imported_modules(path, known) - {name} for name, path in paths.items()}
 
 
+def test_every_top_level_script_is_a_named_entry_point():
+    assert {p.stem for p in REPO.glob("*.py")} == ENTRY_POINTS
+
+
+def test_nothing_imports_an_entry_point():
+    """Not the library, the tools, the tests or another entry point: they run them as processes."""
+    files = [*REPO.glob("*.py"), *(REPO / "src").rglob("*.py"), *(REPO / "tools").rglob("*.py"),
+             *(REPO / "tests").rglob("*.py")]
+    for path in files:
+        imported = {name.split(".")[0] for name in imported_modules(path, set())}
+        assert not imported & ENTRY_POINTS, f"{path.relative_to(REPO)} imports {sorted(imported & ENTRY_POINTS)}"
+
+
 def test_src_top_level_keeps_the_faces_and_at_most_12_modules():
     top = sorted(p.name for p in (REPO / "src").glob("*.py"))
     assert len(top) <= 12, top
-    for face in ("config.py", "dataset.py", "resnet.py", "loss.py", "lr_schedule.py"):
+    for face in ("dataset.py", "resnet.py", "runtime.py"):
         assert face in top
     packages = sorted(p.parent.name for p in (REPO / "src").glob("*/__init__.py"))
-    assert packages == ["cpu_convolution", "data", "deploy", "migration", "training"]
+    assert packages == ["config", "cpu_convolution", "data", "deploy", "migration", "training"]
 
 
 def test_imports_go_one_way():
     graph = import_graph()
     for module, imports in graph.items():
         assert not {name for name in imports if name.split(".")[0] in ENTRY_POINTS}, module
-        if module not in COMPOSING_FACES:
-            assert not imports & COMPOSING_FACES, f"{module} imports {imports & COMPOSING_FACES}"
+        readers = COMPOSING_FACES | COMPOSERS
+        if not any(module == face or module.startswith(face + ".") for face in readers):
+            faces = {name for name in imports if name.split(".")[:2] in ([*f.split(".")] for f in COMPOSING_FACES)}
+            assert not faces, f"{module} imports {faces}"
+            assert not imports & COMPOSERS, f"{module} imports {imports & COMPOSERS}"
         if module in BUILDING_BLOCKS | LEAF_FACES or in_leaf_package(module):
             below = {name for name in imports if name != "src" and not in_leaf_package(name)}
             assert below <= BUILDING_BLOCKS, f"{module} imports {below - BUILDING_BLOCKS}"
@@ -66,7 +89,7 @@ def test_imports_go_one_way():
 
 # Sub-packages in layers: a module imports its own layer and those below, never one above (the
 # input pipeline knows nothing of deployment, deployment nothing of training, ...).
-SUBPACKAGE_LAYERS = {"src.cpu_convolution": 0, "src.data": 0, "src.deploy": 1, "src.training": 2,
+SUBPACKAGE_LAYERS = {"src.config": 0, "src.cpu_convolution": 0, "src.data": 0, "src.deploy": 1, "src.training": 2,
                      "src.migration": 3}
 
 

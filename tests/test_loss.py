@@ -1,9 +1,9 @@
-"""src/loss.py: label-smoothed cross-entropy against a numpy computation."""
+"""src/training/loss.py: label-smoothed cross-entropy against a numpy computation."""
 import numpy as np
 import pytest
 from mindspore import Tensor
 
-from src.loss import CrossEntropySmooth, create_loss
+from src.training.loss import CrossEntropySmooth, create_loss
 
 LOGITS = np.array([[2.0, -1.0, 0.5, 0.0],
                    [0.1, 0.2, 0.3, 0.4],

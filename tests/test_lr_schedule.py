@@ -1,4 +1,4 @@
-"""src/lr_schedule.py: per-step learning rates, checked against numbers computed by hand.
+"""src/training/lr_schedule.py: per-step learning rates, checked against numbers computed by hand.
 
 Common set-up: lr_init 0.02, lr_max 0.1, lr_end 0.02, 6 steps of which 2 warm up.
 Warmup: step 0 -> 0.02, step 1 -> 0.02 + 0.08 * 1/2 = 0.06.
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from src.errors import UserInputError
-from src.lr_schedule import (
+from src.training.lr_schedule import (
     LR_DECAY_MODES,
     create_lr_schedule,
     create_thor_damping_schedule,

@@ -1,7 +1,6 @@
 """MindRecord shards (src/data/mindrecord.py converts, src/data/shards.py reads): the conversion of
 the sample data, the same batches as the source folders (recipe, workers, ranks, resume), a
 training run with equal weights, and each kind of bad shard set named in one line."""
-import csv
 import json
 import os
 import shutil
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 from mindspore.mindrecord import FileWriter
 
-from conftest import NO_CURVES, PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run
 from src.data import mindrecord
 from src.data.bad_samples import scan_unreadable
 from src.data.mindrecord import prepare_partial
@@ -321,9 +320,7 @@ def test_training_from_shards_ends_with_the_folders_weights(sample_root, shard_r
         assert result.returncode == 0, result.stderr[-3000:]
         folder = tmp_path / name / "resnet10" / "cifar10"
         weights.append({k: v.asnumpy() for k, v in read_checkpoint(str(folder / "resnet10-1_12.ckpt")).items()})
-        with open(folder / "metrics.csv", newline="") as handle:
-            evaluations.append([(row["top_1"], row["top_5"], row["ece"]) for row in csv.DictReader(handle)
-                                if row["top_1"]])
+        evaluations.append([(row["top_1"], row["top_5"], row["ece"]) for row in read_metrics(folder) if row["top_1"]])
     assert weights[0].keys() == weights[1].keys()
     difference = max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0])
     assert difference == 0.0

@@ -11,7 +11,7 @@ from importlib import metadata
 
 import pytest
 
-from conftest import REPO, run, wait_for_step
+from conftest import REPO, one_line_error, run, wait_for_step
 from netns import free_port, two_nodes, unavailable
 from src.errors import UserInputError
 from src.training.distributed import check_output_storage, check_resume_agreement, writes_run_folder
@@ -37,8 +37,7 @@ def launch(cifar_dir, out, *options, cwd=None):
 def test_bad_multi_node_options_give_one_line_before_anything_is_written(cifar_dir, tmp_path, options, names):
     result = launch(cifar_dir, tmp_path / "out", *options)
     assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and names in lines[0], result.stderr
+    assert names in one_line_error(result)
     assert not (tmp_path / "out").exists()
 
 

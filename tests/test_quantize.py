@@ -7,9 +7,9 @@ from typing import Dict
 
 import numpy as np
 import pytest
-from test_export import CONFIG, SIZE, last_json, one_error_line
+from test_export import CONFIG, SIZE
 
-from conftest import NO_CURVES, PYTHON, run
+from conftest import NO_CURVES, PYTHON, last_json, one_line_error, run
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -139,7 +139,7 @@ def test_predict_runs_the_int8_file(models, cifar_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     predictions = last_json(result.stdout)["predictions"]
     assert len(predictions) == 101
-    from predict import load_pixels  # as predict.py reads them, normalized as the float file takes them
+    from src.dataset import load_pixels  # as predict.py reads them, normalized as the float file takes them
     pixels = np.stack([load_pixels(str(folder / f"{i:03d}.png"), "cifar10", SIZE) for i in range(101)])
     images = host_normalize(pixels, normalization_of("cifar10"))
     expected = ExportedModel(path).predict(images).argmax(1)
@@ -168,7 +168,7 @@ def test_quantize_errors_are_one_line_and_write_nothing(checkpoint, cifar_dir, t
     result = export(checkpoint, tmp_path / "m", "--file_format", "MINDIR", "--quantize", "int8",
                     "--calibration_data", str(cifar_dir))
     assert result.returncode == 2
-    assert "--file_format ONNX" in one_error_line(result)
+    assert "--file_format ONNX" in one_line_error(result)
     assert not list(tmp_path.iterdir())
 
 
@@ -185,34 +185,35 @@ def test_quantize_errors_are_one_line_and_write_nothing(checkpoint, cifar_dir, t
      "fewer than one batch"),
 ])
 def test_quantize_rejects_bad_requests_before_exporting(cifar_dir, tmp_path, args, message):
-    """In-process: these fail before MindSpore loads the checkpoint (which does not exist here)."""
-    from export import main
+    """export.py's checks, in-process: these fail before MindSpore loads the checkpoint (which does not
+    exist here)."""
+    from src.config import load_config
+    from src.deploy.export import check_export_request
     from src.errors import UserInputError
     (tmp_path / "empty").mkdir()
     values = {"empty": str(tmp_path / "empty"), "missing": str(tmp_path / "missing"), "data": str(cifar_dir)}
     argv = [*COMMON, "--checkpoint_file_path", str(tmp_path / "none.ckpt"), "--file_name", str(tmp_path / "m"),
             *[arg.format(**values) for arg in args]]
     with pytest.raises(UserInputError, match=message):
-        main(argv)
+        check_export_request(load_config(argv, prog="export.py"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 
 def test_quantize_without_onnx_says_how_to_install(cifar_dir, tmp_path, monkeypatch):
-    from export import main
+    from src.config import load_config
+    from src.deploy.export import check_export_request
     from src.errors import UserInputError
     monkeypatch.setitem(sys.modules, "onnx", None)  # an import of onnx now fails as if it were not installed
     argv = [*COMMON, "--checkpoint_file_path", str(tmp_path / "none.ckpt"), "--file_format", "ONNX",
             "--quantize", "int8", "--calibration_data", str(cifar_dir)]
     with pytest.raises(UserInputError, match="pip install onnx onnxruntime"):
-        main(argv)
+        check_export_request(load_config(argv, prog="export.py"))
 
 
 def test_eval_takes_a_checkpoint_or_a_model_file_not_both(models, checkpoint):
-    from eval import main
-    from src.errors import UserInputError
-    with pytest.raises(UserInputError, match="not both"):
-        main(["--config_path", str(CONFIG), "--model_file", models["int8"]["path"],
-              "--checkpoint_file_path", str(checkpoint)])
+    result = run([PYTHON, "eval.py", "--config_path", str(CONFIG), "--model_file", models["int8"]["path"],
+                  "--checkpoint_file_path", str(checkpoint)])
+    assert "not both" in one_line_error(result)
 
 
 @pytest.mark.parametrize("kind, extra, message", [
@@ -223,4 +224,4 @@ def test_eval_model_file_that_does_not_fit_is_one_line(models, cifar_dir, kind, 
     result = run([PYTHON, "eval.py", "--config_path", str(CONFIG), "--data_path", str(cifar_dir),
                   "--model_file", models[kind]["path"], *extra])
     assert result.returncode == 2, result.stderr[-2000:]
-    assert message in one_error_line(result)
+    assert message in one_line_error(result)

@@ -1,7 +1,6 @@
 """Exact resume: after SIGKILL, after SIGTERM mid-epoch, after random kills of a relaunched job
 (with its TensorBoard record); fine-tuning, bad checkpoints and the run record. Checkpoint files
 themselves (atomic saves, best.ckpt, rotation) are in tests/test_checkpoint_files.py."""
-import csv
 import hashlib
 import os
 import signal
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import NO_CURVES, PYTHON, REPO, run, wait_for_step
+from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run, train_args, wait_for_step
 from src.training.checkpoint import EMA_PREFIX, list_checkpoints, network_part, read_checkpoint
 from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard
 
@@ -39,17 +38,8 @@ RECIPE = ["--batch_size", "8", "--grad_accumulation_steps", "2", "--model_ema", 
           "--ra_reps", "2", "--use_label_smooth", "True"]
 
 
-def train_args(data: Path, out: Path, *extra: str) -> list:
-    return [PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(out)] + TRAIN + list(extra)
-
-
-def read_rows(folder: Path) -> list:
-    with open(folder / "metrics.csv", newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
 def step_losses(folder: Path) -> dict:
-    return {int(r["step"]): float(r["loss"]) for r in read_rows(folder) if r["loss"] and not r["top_1"]}
+    return {int(r["step"]): float(r["loss"]) for r in read_metrics(folder) if r["loss"] and not r["top_1"]}
 
 
 def weights(path: Path) -> dict:
@@ -72,20 +62,21 @@ def kill_when(process: subprocess.Popen, path: Path, delay: float = 0.0, timeout
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, cifar_dir) -> Path:
     out = tmp_path_factory.mktemp("straight")
-    result = run(train_args(cifar_dir, out, "--epoch_size", "3", *RECIPE, "--plot_curves", "True"))  # checked below
+    # curves.png on: checked below
+    result = run(train_args(TRAIN, cifar_dir, out, "--epoch_size", "3", *RECIPE, "--plot_curves", "True"))
     assert result.returncode == 0, result.stderr[-3000:]
     return out / RUN
 
 
 def test_killed_and_resumed_run_equals_uninterrupted_run(uninterrupted, cifar_dir, tmp_path):
     folder = tmp_path / RUN
-    process = subprocess.Popen(train_args(cifar_dir, tmp_path, "--epoch_size", "3", *RECIPE), cwd=REPO,
+    process = subprocess.Popen(train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "3", *RECIPE), cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     kill_when(process, folder / f"{NET}-1_12.ckpt", delay=0.5)
     assert process.returncode == -signal.SIGKILL
     assert not (folder / f"{NET}-3_12.ckpt").exists()
 
-    resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True", *RECIPE))
+    resumed = run(train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True", *RECIPE))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert not (folder / "curves.png").exists()  # --plot_curves False: the record and TensorBoard only
 
@@ -126,7 +117,7 @@ def test_eval_and_export_use_the_ema_weights_or_say_there_are_none(uninterrupted
 
 def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, cifar_dir, tmp_path):
     folder = tmp_path / RUN
-    process = subprocess.Popen(train_args(cifar_dir, tmp_path, "--epoch_size", "3", *RECIPE), cwd=REPO,
+    process = subprocess.Popen(train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "3", *RECIPE), cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_step(folder, 16, process)
     process.send_signal(signal.SIGTERM)
@@ -138,7 +129,7 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, c
     assert f"stopped by SIGTERM after global step {step} (mid-epoch); saved {saved}" in stdout
     assert "--resume True" in stdout.strip().splitlines()[-1]
 
-    resumed = run(train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True", *RECIPE))
+    resumed = run(train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True", *RECIPE))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {saved} at global step {step}" in resumed.stdout
     expected, got = step_losses(uninterrupted), step_losses(folder)
@@ -150,7 +141,7 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, c
 
 
 def test_run_record_files_exist_and_parse(uninterrupted):
-    rows = read_rows(uninterrupted)
+    rows = read_metrics(uninterrupted)
     assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time",
                              "bad_samples", "ema_top_1", "ema_top_5", "data_wait", "loss_scale", "grad_norm", "ece"]
     assert len(rows) == 36 and all(float(r["img_per_s"]) > 0 for r in rows)
@@ -167,10 +158,10 @@ def pretrained(uninterrupted) -> Path:
 
 def test_fine_tune_with_another_class_count(pretrained, cifar_dir, tmp_path):
     frozen_lr = ["--lr_init", "0", "--lr_max", "0", "--lr_end", "0", "--weight_decay", "0", "--epoch_size", "1"]
-    refused = run(train_args(cifar_dir, tmp_path / "a", "--class_num", "12", "--pre_trained", str(pretrained)))
+    refused = run(train_args(TRAIN, cifar_dir, tmp_path / "a", "--class_num", "12", "--pre_trained", str(pretrained)))
     assert refused.returncode == 2 and "filter_weight" in refused.stderr and "fc.weight" in refused.stderr
     assert not (tmp_path / "a").exists()
-    tuned = run(train_args(cifar_dir, tmp_path / "b", "--class_num", "12", "--pre_trained", str(pretrained),
+    tuned = run(train_args(TRAIN, cifar_dir, tmp_path / "b", "--class_num", "12", "--pre_trained", str(pretrained),
                            "--filter_weight", "True", *frozen_lr))
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     assert "skipped the head: fc.weight (10, 512), fc.bias (10,)" in tuned.stdout
@@ -195,7 +186,7 @@ def test_bad_checkpoint_is_one_line_and_changes_nothing(kind, key, uninterrupted
         from src.resnet import create_model
         ms.save_checkpoint(create_model("resnet34", num_classes=10), str(bad))
     before = digest(uninterrupted)
-    result = run(train_args(cifar_dir, uninterrupted.parents[1], f"--{key}", str(bad), "--epoch_size", "3"))
+    result = run(train_args(TRAIN, cifar_dir, uninterrupted.parents[1], f"--{key}", str(bad), "--epoch_size", "3"))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0], result.stderr[-2000:]
@@ -215,8 +206,8 @@ def test_relaunched_after_random_kills_ends_with_the_uninterrupted_weights(unint
     evaluation, so kills also land in evaluations and best.ckpt and report writes."""
     seed = int(os.environ.get("CHAOS_SEED", time.time_ns() % 10_000))
     rng = np.random.default_rng(seed)
-    command = train_args(cifar_dir, tmp_path, "--epoch_size", "3", "--save_checkpoint_steps", "5", "--resume", "True",
-                         "--run_eval", "True", *RECIPE)
+    command = train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "3", "--save_checkpoint_steps", "5",
+                         "--resume", "True", "--run_eval", "True", *RECIPE)
     folder = tmp_path / RUN
     kills = []
     # the moments: once during start-up (seconds after launch), then twice at a random step beyond
@@ -250,7 +241,7 @@ def test_relaunched_after_random_kills_ends_with_the_uninterrupted_weights(unint
     worst = max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected)
     print(f"final weights vs the uninterrupted run: max abs difference {worst}")
     assert worst < 1e-5
-    evaluations = [row for row in read_rows(folder) if row["top_1"]]
+    evaluations = [row for row in read_metrics(folder) if row["top_1"]]
     assert [int(row["epoch"]) for row in evaluations] == [1, 2, 3]  # each epoch evaluated once
     assert [int(row["step"]) for row in evaluations] == [12, 24, 36]  # at its last step, resumed mid-epoch or not
     best = float(read_checkpoint(str(folder / "best.ckpt"))["top_1_accuracy"].asnumpy())
@@ -259,6 +250,6 @@ def test_relaunched_after_random_kills_ends_with_the_uninterrupted_weights(unint
     # TensorBoard, through a real server: one continuous record, each step once, equal to metrics.csv
     with tensorboard(folder) as board:
         board.wait_for("images", "report/calibration")
-        assert_scalars_equal_record(board, read_rows(folder))
+        assert_scalars_equal_record(board, read_metrics(folder))
         assert len(board.session_groups()) == 1
         assert len(board.get(f"data/plugin/images/images?run={BOARD_RUN}&tag=data/first_batch")) == 1

@@ -1,7 +1,6 @@
 """The model zoo's SE-ResNet50 (`net_name: se-resnet50`): its structure and names as the zoo
 defines it (mindspore-ai/models official/cv/ResNet/src/resnet.py, `se_resnet50`), and a checkpoint
 under the zoo's names through eval.py, export.py and the converter."""
-import json
 from pathlib import Path
 from typing import List
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from conftest import PYTHON, run
+from conftest import PYTHON, last_json, run
 from src.errors import UserInputError
 from src.resnet import create_model
 from src.training.checkpoint import common_prefix, read_checkpoint, zoo_to_ms_name
@@ -137,7 +136,7 @@ def test_zoo_checkpoint_evaluates_through_eval_py(zoo_checkpoint, tiny_folder_di
                   "--net_name", "se-resnet50", "--class_num", "1001", "--dataset", "imagenet2012",
                   "--eval_image_size", "32", "--batch_size", "20", "--device_target=CPU"])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    top1 = json.loads(result.stdout.strip().splitlines()[-1])["top_1_accuracy"]
+    top1 = last_json(result.stdout)["top_1_accuracy"]
     split = tiny_folder_dir / "val"
     classes = sorted(p for p in split.iterdir() if p.is_dir())
     total = sum(len(list(folder.iterdir())) for folder in classes)

@@ -1,12 +1,11 @@
 """One short training through the launcher, its checkpoint evaluated and exported (MINDIR and ONNX,
 verified against the checkpoint): the whole user path at the smallest size, cheap enough for the
 emulated arm64 machine's tier (docs/aarch64.md)."""
-import json
 from pathlib import Path
 
 import pytest
 
-from conftest import NO_CURVES, PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, last_json, run
 from src.training.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
@@ -39,7 +38,7 @@ def test_the_checkpoint_evaluates_on_every_sample(short_run):
     _, data, checkpoint = short_run
     result = run([PYTHON, "eval.py", *SHORT, "--data_path", str(data), "--checkpoint_file_path", str(checkpoint)])
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = last_json(result.stdout)
     assert report["samples"] == 20 and 0.0 <= report["top_1_accuracy"] <= 1.0
 
 
@@ -50,6 +49,6 @@ def test_the_checkpoint_exports_and_the_file_computes_as_it_does(short_run, file
     result = run([PYTHON, "export.py", *SHORT[:4], "--checkpoint_file_path", str(checkpoint), "--file_format",
                   file_format, "--file_name", str(name), "--batch_size", "4", "--eval_image_size", "32", "--verify"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = last_json(result.stdout)
     assert report["verified"] is True and report["max_abs_diff"] <= 1e-4
     assert Path(report["path"]).is_file()

@@ -5,14 +5,13 @@ everything before a device trains: the checks, the split points and the schedule
 to nn.thor, and the one-line refusal of a real train.py run on CPU."""
 import numpy as np
 import pytest
-from test_zoo import one_line_error
 
-import train
-from conftest import PYTHON, run
+from conftest import PYTHON, one_line_error, run
 from src.config import load_config
 from src.errors import UserInputError
 from src.resnet import create_model
 from src.training.distributed import fusion_split_points
+from src.training.factory import create_schedule
 from src.training.optimizer import parameter_kinds
 from src.training.thor import check_thor, create_thor_optimizer, thor_conflicts, thor_damping, thor_layer_points
 
@@ -65,7 +64,7 @@ def test_schedules_train_py_feeds_thor():
     """lr 0.1 * (1 - e / 5) ** 2 and damping 0.04 * 0.25 ** (e / 10), 2 steps per epoch, 4 epochs:
     step 1 ends epoch 1 -> lr 0.064, damping 0.04 * 2 ** -0.2 = 0.0348220225."""
     cfg = thor_config()
-    lrs = train.create_schedule(cfg, steps_per_epoch=2)
+    lrs = create_schedule(cfg, steps_per_epoch=2)
     damping = thor_damping(cfg, steps_per_epoch=2)
     assert lrs.shape == damping.shape == (8,)
     assert lrs[1] == pytest.approx(0.064) and damping[1] == pytest.approx(0.0348220225)

@@ -11,11 +11,11 @@ from mindspore.train.callback._callback import InternalCallbackParam
 
 from conftest import PYTHON, REPO, run
 from src.cpu_convolution import all_finite_op, unavailable_reason, unscale_all_finite_op, use_onednn_layers
-from src.loss import create_loss
 from src.resnet import create_model
 from src.training.callbacks import TrainMonitor
 from src.training.checkpoint import EMA_PREFIX
 from src.training.faults import DivergedError, DivergenceGuard
+from src.training.loss import create_loss
 from src.training.optimizer import create_optimizer
 from src.training.train_step import EmaSchedule, NetWithLoss, TrainStep, ema_schedule
 
@@ -220,7 +220,7 @@ BAD_VALUES = [
 def test_bad_values_of_the_step_keys_are_errors_naming_the_key(key, value):
     from src.config import load_config
     from src.errors import UserInputError
-    from train import check_step_keys
+    from src.training.factory import check_step_keys
     extra = {"model_ema_decay": ["--model_ema", "True"], "lars_coefficient": ["--optimizer", "LARS"]}.get(key, [])
     with pytest.raises(UserInputError, match=key):
         check_step_keys(load_config(["--config_path", CONFIG, f"--{key}", value] + extra))
@@ -229,7 +229,7 @@ def test_bad_values_of_the_step_keys_are_errors_naming_the_key(key, value):
 def test_nesterov_needs_a_momentum_optimizer_and_momentum():
     from src.config import load_config
     from src.errors import UserInputError
-    from train import check_step_keys
+    from src.training.factory import check_step_keys
     for extra in (["--optimizer", "AdamW"], ["--optimizer", "SGD", "--momentum", "0"]):
         with pytest.raises(UserInputError, match="use_nesterov"):
             check_step_keys(load_config(["--config_path", CONFIG, "--use_nesterov", "True"] + extra))

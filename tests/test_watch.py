@@ -5,7 +5,7 @@ import csv
 import io
 import shutil
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import numpy as np
 import pytest
@@ -14,7 +14,7 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 from PIL import Image
 
-from conftest import NO_CURVES, PYTHON, REPO, run
+from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run, train_args
 from src.cpu_convolution import unavailable_reason
 from src.data.sources import CIFAR_RECORD_BYTES
 from src.training.callbacks import PLOT_EVERY_SECONDS, ProfilerMonitor, RecordPlotter
@@ -33,18 +33,9 @@ TRAIN = ["--config_path", CONFIG, "--net_name", NET, "--batch_size", "16", "--lr
          "--clip_grad_norm", "1.0", *NO_CURVES]
 
 
-def train_args(data: Path, out: Path, *extra: str) -> list:
-    return [PYTHON, "train.py", "--data_path", str(data), "--output_dir", str(out)] + TRAIN + list(extra)
-
-
-def read_rows(folder: Path) -> List[Dict[str, str]]:
-    with open(folder / "metrics.csv", newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
 def test_tensorboard_serves_the_runs_scalars_config_and_pictures(sample_run):
     folder, _ = sample_run
-    rows = read_rows(folder)
+    rows = read_metrics(folder)
     with tensorboard(folder) as board:
         board.wait_for("images", "report/calibration")
         tags = board.get("data/plugin/scalars/tags")[BOARD_RUN]
@@ -95,7 +86,7 @@ def test_curves_are_redrawn_at_most_once_a_minute_and_at_the_end(tmp_path):
 
 def test_a_normal_run_waits_little_for_data(sample_run):
     folder, stdout = sample_run
-    waits = [float(r["data_wait"]) for r in read_rows(folder) if r["data_wait"]]
+    waits = [float(r["data_wait"]) for r in read_metrics(folder) if r["data_wait"]]
     assert len(waits) == 6 and all(0 <= wait < INPUT_BOUND_SHARE for wait in waits)
     assert "input-bound" not in stdout
 
@@ -159,12 +150,12 @@ def test_slowed_input_is_reported_input_bound(cifar_dir, tmp_path):
     records = b"".join(path.read_bytes() for path in sorted(cifar_dir.glob("data_batch_*.bin")))
     (data / "data_batch_1.bin").write_bytes(records[:64 * CIFAR_RECORD_BYTES])
     shutil.copy(cifar_dir / "test_batch.bin", data / "test_batch.bin")
-    args = train_args(data, tmp_path, "--epoch_size", "2", "--log_interval", "4", "--run_eval", "False",
+    args = train_args(TRAIN, data, tmp_path, "--epoch_size", "2", "--log_interval", "4", "--run_eval", "False",
                       "--tensorboard", "False")
     result = run([PYTHON, "-c", SLOWED.format(delay=0.125)] + args[2:])
     assert result.returncode == 0, result.stderr[-3000:]
     # epoch 1 also holds the graph's compilation (running, not waiting), so epoch 2 is the one to judge
-    second_epoch = [float(r["data_wait"]) for r in read_rows(tmp_path / RUN) if r["epoch"] == "2"]
+    second_epoch = [float(r["data_wait"]) for r in read_metrics(tmp_path / RUN) if r["epoch"] == "2"]
     assert len(second_epoch) == 1 and second_epoch[0] > INPUT_BOUND_SHARE, second_epoch
     bound = {line.split()[2]: line for line in result.stdout.splitlines() if line.startswith("input-bound: ")}
     assert "2" in bound and "raise num_parallel_workers (now 1;" in bound["2"]

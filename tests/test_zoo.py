@@ -4,7 +4,6 @@ lines and checkpoints work here unchanged; worker counts fit the machine.
 The zoo config files are written here with the zoo's structure and keys (a values document, then
 `---` and a help document; ModelArts, inference and retrain keys), with small values of our own.
 """
-import json
 import os
 from pathlib import Path
 
@@ -12,12 +11,12 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import NO_CURVES, PYTHON, REPO, run
-from src.config import DEFAULT_CONFIG, load_config, read_yaml
+from conftest import NO_CURVES, PYTHON, REPO, last_json, one_line_error, read_metrics, run
+from src.config import load_config, read_schema, read_yaml
 from src.errors import UserInputError
 from src.training.checkpoint import read_checkpoint
 
-SCHEMA = read_yaml(DEFAULT_CONFIG)
+SCHEMA = read_schema()  # src/config/schema.yaml: every key, its default and meaning
 
 # The keys every zoo file opens with (ModelArts/OBS, then local paths).
 HEAD = {"enable_modelarts": False, "data_url": "", "train_url": "", "checkpoint_url": "", "run_distribute": False,
@@ -84,13 +83,6 @@ def zoo_files(tmp_path_factory):
     return {name: write_zoo_file(folder / f"{name}_config.yaml", values) for name, values in STRUCTURES.items()}
 
 
-def one_line_error(result) -> str:
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
-
-
 # ---------------------------------------------------------------------------------------------
 # Config files: structure, key mapping, refusals (in-process, cheap).
 
@@ -112,11 +104,11 @@ def test_help_shows_the_zoo_files_help_texts(zoo_files, capsys):
         load_config(["--config_path", str(zoo_files["cifar10"]), "--help"])
     assert exit_info.value.code == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  --")}
-    assert lines["--batch_size"].endswith("Batch size for training and evaluation")
-    assert lines["--data_path"].endswith("Dataset path for local")
+    assert lines["--batch_size"].endswith(HELP["batch_size"]) and lines["--data_path"].endswith(HELP["data_path"])
     # no help text in the zoo's file: the schema's meaning of the key
     epoch_size = lines["--epoch_size"]
-    assert epoch_size.split()[1:3] == ["int", "1"] and epoch_size.endswith("number of training epochs")
+    schema_help = SCHEMA["epoch_size"].help
+    assert epoch_size.split()[1:3] == ["int", "1"] and epoch_size.endswith(schema_help)
 
 
 @pytest.mark.parametrize("key, value", [("enable_modelarts", True), ("parameter_server", True),
@@ -181,8 +173,7 @@ def test_zoo_cifar_structure_trains_and_evaluates(cifar_zoo_run):
     assert len(notes) == 1
     saved = yaml.safe_load((folder / "config.yaml").read_text())
     assert "enable_modelarts" not in saved and saved["conv_init"] == "XavierUniform"
-    rows = (folder / "metrics.csv").read_text().splitlines()
-    assert any(row.split(",")[4] for row in rows[1:])  # an evaluation row with top_1
+    assert any(row["top_1"] for row in read_metrics(folder))  # an evaluation row with top_1
 
 
 @pytest.mark.slow
@@ -195,7 +186,7 @@ def test_zoo_boost_structure_trains_with_boost_o1(zoo_files, folder_dir, tmp_pat
     assert result.returncode == 0, result.stdout + result.stderr
     folder = tmp_path / "resnet18" / "imagenet2012"
     assert (folder / "resnet18-1_3.ckpt").is_file()
-    losses = [float(row.split(",")[2]) for row in (folder / "metrics.csv").read_text().splitlines()[1:]]
+    losses = [float(row["loss"]) for row in read_metrics(folder)]
     assert len(losses) == 3 and all(np.isfinite(losses))
 
 
@@ -246,9 +237,8 @@ def test_zoo_checkpoint_evaluates_like_the_converted_one(cifar_zoo_run, zoo_file
     result = run([PYTHON, "eval.py", f"--data_path={cifar_dir}", f"--checkpoint_file_path={zoo_ckpt}",
                   "--config_path", str(zoo_files["cifar10"]), "--device_target=CPU"])
     assert result.returncode == 0, result.stderr
-    top1 = json.loads(result.stdout.strip().splitlines()[-1])["top_1_accuracy"]
-    rows = [row.split(",") for row in (folder / "metrics.csv").read_text().splitlines()[1:]]
-    assert top1 == pytest.approx(float([row for row in rows if row[4]][-1][4]), abs=1e-9)
+    top1 = last_json(result.stdout)["top_1_accuracy"]
+    assert top1 == pytest.approx(float([row for row in read_metrics(folder) if row["top_1"]][-1]["top_1"]), abs=1e-9)
     mapped = [line for line in result.stdout.splitlines() if "model-zoo names" in line]
     # 64 bn1d/bn2d tensors, 15 of the shortcuts, 2 of the head
     assert len(mapped) == 1 and "mapped 81 model-zoo names" in mapped[0] and "optimizer entries skipped" in mapped[0]

@@ -13,15 +13,16 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
-import train
-from test_zoo import HEAD, RUN, TAIL, TRAIN, one_line_error, write_zoo_file
+from test_zoo import HEAD, RUN, TAIL, TRAIN, write_zoo_file
 
-from conftest import PYTHON, run
+from conftest import PYTHON, REPO, one_line_error, read_metrics, run
 from src.config import load_config
 from src.dataset import DATASETS
 from src.errors import UserInputError
+from src.migration.fine_tune import fine_tune_argv
 from src.resnet import NET_NAMES, create_model
 from src.training.checkpoint import read_checkpoint
+from src.training.factory import check_step_keys, create_schedule
 
 SMALL = {"epoch_size": 1, "warmup_epochs": 0, "train_image_size": 32, "eval_image_size": 32, "batch_size": 64}
 CIFAR = {"class_num": 10, "dataset": "cifar10", "lr_decay_mode": "poly", "conv_init": "XavierUniform",
@@ -98,10 +99,10 @@ def test_each_zoo_file_is_ready_to_train_or_refused_before_any_work(name, zoo_fo
 
     def prepare():
         cfg = load_config(["--config_path", str(zoo_folder / name), "--device_target", "CPU"])
-        train.check_step_keys(cfg)
+        check_step_keys(cfg)
         if cfg.net_name not in NET_NAMES:
             create_model(cfg.net_name)  # the one-line refusal of an unknown network
-        train.create_schedule(cfg, steps_per_epoch=10)
+        create_schedule(cfg, steps_per_epoch=10)
         return cfg
 
     if refusal is None:
@@ -127,7 +128,7 @@ def test_a_zoo_warmup_longer_than_a_short_run_is_cut_short_in_one_line(zoo_folde
     cfg = load_config(["--config_path", str(zoo_folder / "resnet50_imagenet2012_config.yaml"), "--device_target",
                        "CPU", "--epoch_size", "2", "--warmup_epochs", "5"])
     lines = []
-    lrs = train.create_schedule(cfg, steps_per_epoch=6, log=lines.append)
+    lrs = create_schedule(cfg, steps_per_epoch=6, log=lines.append)
     assert lines == ["warmup of 30 steps is longer than the run's 12: the lr stays on the warmup's line (as the "
                      "model zoo's schedules do) and never reaches lr_max"]
     np.testing.assert_allclose(lrs, [cfg.lr_init + (cfg.lr_max - cfg.lr_init) * s / 30 for s in range(12)],
@@ -140,8 +141,8 @@ def test_thor_files_pass_the_checks_on_their_own_device(name, zoo_folder):
     repository's, the checks pass and the lr is THOR's, 0.01 * (1 - e / 50) ** 4 at epoch e."""
     cfg = load_config(["--config_path", str(zoo_folder / name)])
     assert (cfg.optimizer, cfg.lr_end_epoch, cfg.lr_decay, cfg.frequency) == ("Thor", 50, 4.0, 834)
-    train.check_step_keys(cfg)
-    lrs = train.create_schedule(cfg, steps_per_epoch=10)
+    check_step_keys(cfg)
+    lrs = create_schedule(cfg, steps_per_epoch=10)
     assert lrs[9] == pytest.approx(0.01 * (1 - 1 / 50) ** 4)
 
 
@@ -168,7 +169,7 @@ def test_zoo_se_resnet50_structure_trains_one_step(zoo_folder, tiny_folder_dir, 
     folder = tmp_path / "se-resnet50" / "imagenet2012"
     params = read_checkpoint(str(folder / "se-resnet50-1_1.ckpt"))
     assert params["fc.weight"].shape == (1001, 2048) and "layer4.2.se_dense_1.weight" in params
-    losses = [float(row.split(",")[2]) for row in (folder / "metrics.csv").read_text().splitlines()[1:]]
+    losses = [float(row["loss"]) for row in read_metrics(folder)]
     assert len(losses) == 1 and np.isfinite(losses[0])
 
 
@@ -191,10 +192,9 @@ def flower_photos(folder_dir, tmp_path_factory) -> Path:
 
 def test_fine_tune_needs_checkpoint_path_to_name_a_checkpoint(zoo_folder):
     """The other zoo files' checkpoint_path is a save folder ('./checkpoint/'): not a pre-trained file."""
-    import fine_tune
     with pytest.raises(UserInputError, match="does not name a pre-trained .ckpt file"):
-        fine_tune.fine_tune_argv(["--config_path", str(zoo_folder / "resnet18_cifar10_config.yaml")])
-    argv = fine_tune.fine_tune_argv(["--config_path", str(zoo_folder / "resnet34_cpu_config.yaml"),
+        fine_tune_argv(["--config_path", str(zoo_folder / "resnet18_cifar10_config.yaml")])
+    argv = fine_tune_argv(["--config_path", str(zoo_folder / "resnet34_cpu_config.yaml"),
                                      "--weight_decay", "0.0001", "--learning_rate", "0.01"])
     assert argv[:2] == ["--pre_trained", "./resnet34_imagenet2012.ckpt"]
     assert argv[argv.index("--lr_max") + 1] == "0.01"  # the command line's learning_rate over the file's
@@ -210,7 +210,7 @@ def test_zoo_fine_tune_flow_trains_a_new_head_on_flower_photos(zoo_folder, flowe
     before = {p.name: p.asnumpy() for p in net.get_parameters()}
     ms.save_checkpoint([{"name": zoo_names(p.name), "data": p.data} for p in net.get_parameters()],
                        str(tmp_path / "resnet34_imagenet2012.ckpt"))
-    result = run([PYTHON, str(Path(train.__file__).parent / "fine_tune.py"), "--config_path",
+    result = run([PYTHON, str(REPO / "fine_tune.py"), "--config_path",
                   str(zoo_folder / "resnet34_cpu_config.yaml"), "--data_path", str(flower_photos),
                   "--output_dir", "out", "--epoch_size", "2"], cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -218,8 +218,8 @@ def test_zoo_fine_tune_flow_trains_a_new_head_on_flower_photos(zoo_folder, flowe
     after = {k: v.asnumpy() for k, v in read_checkpoint(str(folder / "resnet34-2_1.ckpt")).items()}
     assert after["fc.weight"].shape == (5, 512)
     assert all(np.array_equal(after[n], v) for n, v in before.items() if not n.startswith("fc."))
-    rows = (folder / "metrics.csv").read_text().splitlines()
-    evaluated = [row.split(",")[0] for row in rows[1:] if row.split(",")[4]]
+    rows = read_metrics(folder)
+    evaluated = [row["epoch"] for row in rows if row["top_1"]]
     assert evaluated == ["2"]  # once, after the last epoch (the file's eval_start_epoch 40 is past the end)
-    lrs = [float(row.split(",")[3]) for row in rows[1:] if row.split(",")[3]]
+    lrs = [float(row["lr"]) for row in rows if row["lr"]]
     np.testing.assert_allclose(lrs, 0.001, rtol=1e-6)  # the file's learning_rate, constant

@@ -1,1 +1,1 @@
-"""Running exported files (MINDIR, ONNX) outside training."""
+"""Deployment: writing and verifying exported files (MINDIR, ONNX, AIR; int8), and running them outside training."""

@@ -200,3 +200,23 @@ def list_images(paths: Sequence[str], extensions: Sequence[str]) -> List[str]:
         else:
             raise UserInputError(f"image not found: {path}; pass image files or folders of images")
     return found
+
+
+def resolve_image_size(model: ExportedModel, requested: int) -> int:
+    """The square input side: the model's, or --image_size (which must agree with a known one)."""
+    known = model.image_size
+    if known and known[0] != known[1]:
+        raise UserInputError(f"{model.path} takes {known[0]}x{known[1]} inputs; predict.py feeds square "
+                             f"images (the eval transform): export with equal --height and --width")
+    if requested < 0:
+        raise UserInputError(f"--image_size must be positive, got {requested}")
+    if requested and known and requested != known[0]:
+        raise UserInputError(f"--image_size {requested} does not match {model.path}, which takes "
+                             f"{known[0]}x{known[1]} inputs; drop --image_size")
+    if requested:
+        return requested
+    if known:
+        return known[0]
+    raise UserInputError(f"cannot read the input size of {model.path}; pass --image_size")
+
+

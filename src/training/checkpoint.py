@@ -13,6 +13,7 @@ from mindspore import Parameter, nn
 
 from src.errors import UserInputError
 from src.files import atomic_target
+from src.resnet import create_model
 
 # Keys a training checkpoint holds besides the network: optimizer slots and counters, and the
 # EMA of the weights (`ema.<parameter name>`, written by the train step with model_ema on).
@@ -264,6 +265,15 @@ def load_into_network(net: nn.Cell, path: str, what: str = "the network",
         log(note)
     return params
 
+
+
+def network_from_checkpoint(net_name: str, class_num: int, path: str, *, use_ema: bool = False,
+                            convolutions: str = "mindspore", log: Callable[[str], None] = print) -> nn.Cell:
+    """A new `net_name` network with `class_num` classes, holding the weights of `path` (its EMA
+    weights with `use_ema`); a checkpoint of another network is one error line."""
+    net = create_model(net_name, num_classes=class_num, convolutions=convolutions)
+    load_into_network(net, path, what=f"{net_name} with class_num {class_num}", log=log, use_ema=use_ema)
+    return net
 
 def load_pretrained(net: nn.Cell, path: str, *, head: Sequence[str], filter_weight: bool,
                     what: str, log: Callable[[str], None] = print) -> List[str]:

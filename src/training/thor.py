@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from src.errors import UserInputError
-from src.lr_schedule import create_thor_damping_schedule
+from src.training.lr_schedule import create_thor_damping_schedule
 
 THOR = "Thor"
 THOR_DEVICES = ("Ascend", "GPU")
@@ -124,15 +124,14 @@ def create_thor_model(cfg: Any, net, lrs: np.ndarray, *, steps_per_epoch: int, f
 
     from src.data.host_stage import normalization_of
     from src.data.input_stage import WithInputStage
-    from src.loss import create_loss
+    from src.training.loss import loss_from_config
     from src.training.optimizer import parameter_kinds
     from src.training.precision import create_loss_scale_manager, resolve_amp_level
 
     check_thor(cfg)
     amp_level = resolve_amp_level(cfg.amp_level, cfg.device_target)
     manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)  # fixed or none (dynamic refused)
-    loss = create_loss(num_classes=cfg.class_num,
-                       label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
+    loss = loss_from_config(cfg)
     kinds = parameter_kinds(net)  # before the conversion replaces the Conv2d/Dense cells
     decay_kinds = {"weight"} | {kind for kind, value in (("norm", cfg.norm_weight_decay),
                                                          ("bias", cfg.bias_weight_decay)) if value}

@@ -1,5 +1,7 @@
 """Cross-entropy with label smoothing, PyTorch's definition: target = (1 - e) * target + e / K, for
 integer labels and for soft targets (the probabilities mixup and cutmix produce) alike."""
+from typing import Any
+
 from mindspore import nn, ops
 
 
@@ -27,3 +29,10 @@ class CrossEntropySmooth(nn.Cell):
 def create_loss(*, num_classes: int, label_smooth_factor: float = 0.0) -> nn.Cell:
     """The training loss: cross-entropy, smoothed when `label_smooth_factor` > 0."""
     return CrossEntropySmooth(num_classes, label_smooth_factor)
+
+
+def loss_from_config(cfg: Any) -> nn.Cell:
+    """The loss a config (any object with its keys) names: class_num classes, smoothed by
+    label_smooth_factor when use_label_smooth."""
+    return create_loss(num_classes=cfg.class_num,
+                       label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)

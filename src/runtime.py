@@ -1,0 +1,33 @@
+"""One process's runtime: which convolutions run, the device and mode, and the kernel threads.
+The entry points that train, evaluate or compare set it up here, once, before they build a network
+(export.py and predict.py run MindSpore's own layers: src.device.init_device is all they need)."""
+from typing import NamedTuple, Optional, Sequence
+
+from src.cpu_convolution import ProbeLayer, choose_convolutions
+from src.cpu_convolution import set_threads as set_convolution_threads
+from src.device import init_device, kernel_threads
+
+
+class Runtime(NamedTuple):
+    convolutions: str      # create_model's `convolutions`: "mindspore", "onednn" or "onednn-bf16"
+    note: Optional[str]    # why, for the log (None: nothing to say)
+    threads: int           # CPU kernel threads (0 on other devices)
+
+
+def set_up_runtime(device_target: str, *, cpu_convolution: str, mode_name: str = "GRAPH",
+                   device_id: Optional[int] = 0, processes_per_node: int = 1, cpu_threads: int = 0,
+                   amp_level: str = "O0", optimizer: str = "Momentum", cpu_amp_dtype: str = "auto",
+                   probe_layers: Sequence[ProbeLayer] = ()) -> Runtime:
+    """Choose the convolutions (src.cpu_convolution.choose_convolutions; with `probe_layers` it may
+    time them on this process's threads), then select the device (src.device.init_device: MindSpore's
+    own convolutions keep oneDNN's ISA capped) and give ours the same threads."""
+    convolutions, note = choose_convolutions(
+        cpu_convolution, device_target=device_target, amp_level=amp_level, optimizer=optimizer,
+        cpu_amp_dtype=cpu_amp_dtype, probe_layers=probe_layers,
+        threads=kernel_threads(processes_per_node, cpu_threads) if probe_layers else 0)
+    threads = init_device(device_target, mode_name=mode_name, device_id=device_id,
+                          processes_per_node=processes_per_node, cpu_threads=cpu_threads,
+                          cap_cpu_isa=convolutions == "mindspore")
+    if convolutions != "mindspore":
+        set_convolution_threads(threads)
+    return Runtime(convolutions, note, threads)

@@ -1,0 +1,151 @@
+"""The training run's parts built from its config: seeding, network, schedule, train step, Model."""
+import random
+from typing import Optional
+
+import mindspore as ms
+import mindspore.dataset as mds
+import numpy as np
+from mindspore.train import Model
+
+from src.config import Config
+from src.cpu_convolution import all_finite_op, unscale_all_finite_op, uses_onednn
+from src.dataset import create_train_input_stage
+from src.errors import UserInputError
+from src.resnet import create_model
+from src.training.checkpoint import load_pretrained
+from src.training.data import data_recipe
+from src.training.distributed import check_fusion_points, fusion_split_points
+from src.training.loss import loss_from_config
+from src.training.lr_schedule import create_lr_schedule, create_thor_lr_schedule, warmup_cut_short
+from src.training.model_summary import parameter_counts
+from src.training.optimizer import check_optimizer, create_optimizer
+from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
+from src.training.thor import THOR, check_thor
+from src.training.train_step import EmaSchedule, NetWithLoss, TrainStep, check_ema_decay, ema_schedule
+
+BOOST_MODES = ("O0", "O1", "O2")
+
+
+def seed_everything(seed: int) -> None:
+    """One seed for MindSpore, its data pipeline, NumPy and Python (the same on every rank)."""
+    ms.set_seed(seed)
+    mds.config.set_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def create_schedule(cfg: Config, steps_per_epoch: int, log=print) -> np.ndarray:
+    """The per-step learning rates of the whole run (THOR's own curve for optimizer Thor)."""
+    cut_short = warmup_cut_short(int(cfg.warmup_epochs * steps_per_epoch), cfg.epoch_size * steps_per_epoch)
+    if cut_short and cfg.optimizer != THOR:
+        log(cut_short)
+    if cfg.optimizer == THOR:
+        return create_thor_lr_schedule(lr_init=cfg.lr_init, lr_decay=cfg.lr_decay, lr_end_epoch=cfg.lr_end_epoch,
+                                       steps_per_epoch=steps_per_epoch, total_steps=cfg.epoch_size * steps_per_epoch)
+    return create_lr_schedule(
+        cfg.lr_decay_mode, lr_init=cfg.lr_init, lr_max=cfg.lr_max, lr_end=cfg.lr_end,
+        total_steps=cfg.epoch_size * steps_per_epoch,
+        warmup_steps=int(cfg.warmup_epochs * steps_per_epoch),
+        milestones=[int(epoch * steps_per_epoch) for epoch in cfg.lr_decay_epochs],
+        gamma=cfg.lr_decay_factor, power=cfg.lr_poly_power)
+
+
+def create_network(cfg: Config, log=print, convolutions: str = "mindspore"):
+    if cfg.freeze_backbone and not cfg.pre_trained:
+        raise UserInputError("freeze_backbone True trains only the head on top of pre-trained features; pass "
+                             "--pre_trained CKPT (with --filter_weight True for another class_num)")
+    net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
+                       dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual,
+                       freeze_bn=cfg.freeze_bn, freeze_backbone=cfg.freeze_backbone, convolutions=convolutions)
+    if cfg.pre_trained:
+        skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
+                                  filter_weight=cfg.filter_weight,
+                                  what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
+        log(f"loaded pre-trained weights from {cfg.pre_trained}"
+            + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""))
+    if cfg.freeze_backbone:
+        total, trained = parameter_counts(net)
+        log(f"freeze_backbone: training the head only ({trained:,} of {total:,} values); BatchNorm in "
+            f"inference mode")
+    return net
+
+
+def fusion_points(cfg: Config, net) -> list:
+    """The allreduce fusion split points: the config's (validated) or derived from the network."""
+    sizes = [int(np.prod(p.shape)) for p in net.trainable_params()]
+    if cfg.all_reduce_fusion_config:
+        return check_fusion_points(cfg.all_reduce_fusion_config, len(sizes))
+    return fusion_split_points(sizes)
+
+
+def real_sink(cfg: Config) -> bool:
+    """Sink mode that really sinks (CPU runs steps one by one whatever the flag)."""
+    return cfg.dataset_sink_mode and cfg.device_target != "CPU"
+
+
+def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
+    if cfg.dataset_sink_mode and cfg.sink_size not in (-1, steps_per_epoch):
+        raise UserInputError(f"sink_size {cfg.sink_size} would redefine an epoch; use -1 (one sink per epoch "
+                             f"of {steps_per_epoch} steps)")
+
+
+def check_step_keys(cfg: Config) -> None:
+    """The optimizer and EMA keys, checked before any work (ranges are checked at load)."""
+    if cfg.optimizer == THOR:  # its own training path, Ascend/GPU only
+        check_thor(cfg)
+        return
+    check_optimizer(cfg.optimizer, use_nesterov=cfg.use_nesterov, momentum=cfg.momentum,
+                    lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
+    if cfg.model_ema:
+        check_ema_decay(cfg.model_ema_decay)
+
+
+def create_train_model(cfg: Config, net, lrs: np.ndarray, *, steps_per_epoch: int, group_size: int) -> Model:
+    """The training step around `net`, run by a Model."""
+    ema = ema_schedule(decay=cfg.model_ema_decay, every=cfg.model_ema_steps, world_size=group_size,
+                       batch_size=cfg.batch_size, accumulation_steps=cfg.grad_accumulation_steps,
+                       epochs=cfg.epoch_size, warmup_epochs=int(cfg.warmup_epochs),
+                       steps_per_epoch=steps_per_epoch) if cfg.model_ema else None
+    input_stage = create_train_input_stage(cfg.dataset, data_recipe(cfg), cfg.class_num)
+    step = create_train_step(cfg, net, lrs, ema=ema, input_stage=input_stage)
+    return Model(step, boost_level=check_boost_mode(cfg.boost_mode))
+
+
+def network_amp_level(cfg: Config, net) -> str:
+    """MindSpore's amp level for `net`: O0 where our CPU layers run (they choose their own precision)."""
+    return "O0" if uses_onednn(net) else resolve_amp_level(cfg.amp_level, cfg.device_target)
+
+
+def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSchedule], input_stage) -> TrainStep:
+    """The training step around `net`: the input stage, loss, mixed precision, loss scaling,
+    accumulation, clipping, optimizer and the EMA `ema` (None: off)."""
+    amp_level = network_amp_level(cfg, net)
+    ours = uses_onednn(net)  # our kernels check (and unscale) the gradients in one pass
+    loss_scale_manager = create_loss_scale_manager(cfg.loss_scale_type, cfg.loss_scale)
+    loss = loss_from_config(cfg)
+    optimizer = create_optimizer(net, name=cfg.optimizer, learning_rate=lrs, weight_decay=cfg.weight_decay,
+                                 momentum=cfg.momentum, norm_weight_decay=cfg.norm_weight_decay,
+                                 bias_weight_decay=cfg.bias_weight_decay, use_nesterov=cfg.use_nesterov,
+                                 lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
+    return TrainStep(NetWithLoss(mixed_precision_network(net, amp_level), loss), optimizer, net=net,
+                     input_stage=input_stage,
+                     loss_scale=loss_scale_manager.get_loss_scale() if loss_scale_manager else 1.0,
+                     scale_update=loss_scale_manager.get_update_cell() if loss_scale_manager else None,
+                     accumulation_steps=cfg.grad_accumulation_steps, micro_batch=cfg.batch_size,
+                     clip_grad_norm=cfg.clip_grad_norm, ema=ema,
+                     all_finite=all_finite_op() if ours else None,
+                     unscale_all_finite=unscale_all_finite_op() if ours else None)
+
+
+def check_boost_mode(boost_mode: str) -> str:
+    """The model zoo's `boost_mode`: MindSpore's boost level for Model (O0: off)."""
+    if boost_mode not in BOOST_MODES:
+        raise UserInputError(f"unknown boost_mode '{boost_mode}'; choose one of {', '.join(BOOST_MODES)}")
+    return boost_mode
+
+
+def create_ema_twin(cfg: Config, convolutions: str = "mindspore"):
+    """A second network, in the same precision, that evaluation loads the EMA weights into."""
+    twin = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
+    mixed_precision_network(twin, network_amp_level(cfg, twin))
+    return twin
