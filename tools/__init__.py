@@ -1,0 +1,1 @@
+"""Developer tools beside the entry points: instruments and checks, never imported by the training path."""
