@@ -14,13 +14,10 @@ from conftest import NO_CURVES, NO_TORCH, PYTHON, run
 
 torch = pytest.importorskip("torch", reason=NO_TORCH)  # before the modules below import it
 
-import train_parity  # noqa: E402
-from train_parity import LEARN_FLOOR, learning_verdict  # noqa: E402
-
 from src.data.host_stage import Normalization, host_input_stage  # noqa: E402
 from src.data.input_stage import TrainInputStage  # noqa: E402
-from src.errors import UserInputError  # noqa: E402
 from src.migration import torch_resnet  # noqa: E402
+from src.migration.learning import LEARN_FLOOR, learning_verdict  # noqa: E402
 from src.migration.torch_training import EmaPlan, TorchRecipe, torch_param_groups  # noqa: E402
 from src.resnet import create_model  # noqa: E402
 from src.training.checkpoint import read_checkpoint  # noqa: E402
@@ -268,10 +265,11 @@ def test_a_data_parallel_runs_step_is_replayed_as_its_rank_saw_it(cifar_dir, tmp
     (["--batches", "missing_folder"], "is not a folder"),
 ])
 def test_bad_requests_are_refused_before_any_work(cifar_dir, tmp_path, extra, expected):
-    """In-process (the tool's main raises the user error run_cli prints as one line; the command's
-    one-line refusal itself is checked through a subprocess in the next test)."""
-    with pytest.raises(UserInputError, match=expected):
-        train_parity.main(SMALL + ["--data_path", str(cifar_dir), "--output_dir", str(tmp_path / "out"), *extra])
+    """The command refuses in one line (exit 2) before it makes its output folder."""
+    result, report = parity(cifar_dir, tmp_path / "out", *extra)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and report is None and len(lines) == 1, result.stderr[-3000:]
+    assert expected in lines[0]
     assert not (tmp_path / "out").exists()
 
 

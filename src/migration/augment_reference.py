@@ -6,7 +6,8 @@ the same explicit parameters as `apply_op`:
   the top-left corner of the pixel grid, rotation about the image center, whole-pixel translation,
   black fill) through PIL's transform, PIL's ImageEnhance for brightness, color, contrast and
   sharpness, PIL's ImageOps for posterize, solarize, autocontrast, equalize and invert.
-- `mindspore_op`: the MindSpore vision operations the OpenCV code replaced (before 2026-11).
+- `mindspore_op`: the MindSpore vision operations the OpenCV code replaced, kept as the second
+  reference so the tables show how far those operations are from torchvision's definition.
 
 `compare` measures an operation against a reference on a set of images; `fidelity_rows` does so
 for every operation of the four policies at their lowest, a middle and the highest magnitude bin

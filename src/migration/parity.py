@@ -34,6 +34,7 @@ from src.migration.convert_torch import (
     load_torch_file,
     torch_to_ms_name,
 )
+from src.migration.layer_diff import cosine
 from src.resnet import ARCHS, create_model
 from src.training.checkpoint import load_into_network
 
@@ -132,10 +133,8 @@ def compare(reference: np.ndarray, other: np.ndarray) -> Dict[str, object]:
     ref, oth = reference.astype(np.float64).ravel(), other.astype(np.float64).ravel()
     max_abs_diff = float(np.max(np.abs(ref - oth))) if ref.size else 0.0
     max_abs = float(np.max(np.abs(ref))) if ref.size else 0.0
-    norms = float(np.linalg.norm(ref) * np.linalg.norm(oth))
-    cosine = float(np.dot(ref, oth) / norms) if norms > 0 else float(np.array_equal(ref, oth))
     return {"shape": list(reference.shape), "max_abs_diff": max_abs_diff, "max_abs": max_abs,
-            "rel_diff": max_abs_diff / max_abs if max_abs > 0 else max_abs_diff, "cosine": cosine}
+            "rel_diff": max_abs_diff / max_abs if max_abs > 0 else max_abs_diff, "cosine": cosine(ref, oth)}
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

@@ -35,6 +35,7 @@ DEFINITIONS = {
     "AdamW": "AdamW = torch.optim.AdamW: decay decoupled (w -= lr * wd * w), eps added after the bias correction "
              "(nn.Adam adds it before; this repository computes torch's step)",
 }
+BN_TORCH_MOMENTUM = 0.1  # this repository's BatchNorm momentum 0.9, in PyTorch's convention
 BATCH_NORM_DEFINITION = ("BatchNorm momentum 0.9 here is PyTorch's 0.1 (MindSpore weights the old average, PyTorch "
                          "the new batch); both keep the unbiased batch variance")
 
