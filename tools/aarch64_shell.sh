@@ -97,7 +97,9 @@ pip_local_folders() {   # file:// indexes and find-links folders named by pip's 
 
 copy_checkout() {
     mkdir -p "$MACHINE/project"
-    (cd "$REPO" && git ls-files -co --exclude-standard -z) |
+    # the files of the work tree as it is: a tracked file deleted but not yet committed is left out
+    (cd "$REPO" && git ls-files -co --exclude-standard -z |
+        while IFS= read -r -d '' file; do if [[ -e $file ]]; then printf '%s\0' "$file"; fi; done) |
         rsync -a --delete --from0 --files-from=- --filter='P /.venv/' --filter='P /data/' --filter='P /output/' \
               --filter='P *.so' --filter='P /.git/' "$REPO/" "$MACHINE/project/"
     # a tree of its own for git (the tests read `git ls-files`), made once; the files above stay as copied
