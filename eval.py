@@ -27,6 +27,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+from mindspore import nn
 
 from src.config import Config, load_config
 from src.data.host_stage import normalization_of
@@ -80,7 +81,7 @@ def model_file_predictor(cfg: Config) -> Callable[[np.ndarray], np.ndarray]:
     return run
 
 
-def load_network(cfg: Config, rank: int, convolutions: str = "mindspore"):
+def load_network(cfg: Config, rank: int, convolutions: str = "mindspore") -> nn.Cell:
     """The checkpoint's network (its summary printed first with --summary True)."""
     net = network_from_checkpoint(cfg.net_name, cfg.class_num, cfg.checkpoint_file_path, use_ema=cfg.use_ema,
                                   convolutions=convolutions)

@@ -36,14 +36,15 @@ from src.deploy.inference import (
     list_images,
     require_onnxruntime,
     resolve_image_size,
-    softmax,
     top_k,
 )
 from src.device import DEVICE_TARGETS, init_device
 from src.errors import OneLineParser, UserInputError, run_cli
+from src.training.metrics import softmax
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """predict.py's command line."""
     parser = OneLineParser(prog="predict.py", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="the exported network: a .mindir or .onnx file")

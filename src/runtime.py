@@ -9,6 +9,7 @@ from src.device import init_device, kernel_threads
 
 
 class Runtime(NamedTuple):
+    """What set_up_runtime chose."""
     convolutions: str      # create_model's `convolutions`: "mindspore", "onednn" or "onednn-bf16"
     note: Optional[str]    # why, for the log (None: nothing to say)
     threads: int           # CPU kernel threads (0 on other devices)

@@ -116,6 +116,7 @@ def demo_network(data_path: str, state: Dict[str, np.ndarray] = None):
 
 
 def capture(path: str, data_path: str) -> None:
+    """Write the tape of the demo's first step on this machine."""
     from mindspore import Tensor
     net, loss, (images, labels) = demo_network(data_path)
     tape = {f"param:{p.name}": p.asnumpy() for p in net.get_parameters()}
@@ -139,6 +140,7 @@ def capture(path: str, data_path: str) -> None:
 
 
 def replay(tape_path: str, path: str) -> None:
+    """Each layer of a tape alone, on its inputs and incoming gradient, here."""
     from mindspore import Tensor
     tape = dict(np.load(tape_path))
     net, loss, _ = demo_network("", state=tape)
@@ -155,12 +157,14 @@ def replay(tape_path: str, path: str) -> None:
 
 
 def relative_l2(a: np.ndarray, b: np.ndarray) -> float:
+    """|a - b| / |b| in float64 (|a - b| where b is zero)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     scale = np.linalg.norm(b)
     return float(np.linalg.norm(a - b) / scale) if scale > 0 else float(np.linalg.norm(a - b))
 
 
 class LayerDifference(NamedTuple):
+    """How one layer's saved tensors differ between two tapes."""
     layer: str
     differences: Dict[str, float]   # saved tensor ("out", "dx0", "dp:NAME", ...) -> relative L2 difference
     flips: List[Tuple[Tuple[int, ...], float, float]]   # a ReLU's input of opposite signs: index, value on each
@@ -187,6 +191,7 @@ def compare_tapes(first: Dict[str, np.ndarray], second: Dict[str, np.ndarray]) -
 
 
 def compare(first: str, second: str, threshold: float) -> int:
+    """Print compare_tapes' rows and where the two first part."""
     rows = compare_tapes(dict(np.load(first)), dict(np.load(second)))
     for row in rows:
         flips = ""

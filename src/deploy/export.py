@@ -176,6 +176,7 @@ def quantize_export(float_path: str, cfg: Config, *, calibration: Calibration, s
 
 
 def check_sizes(cfg: Config) -> None:
+    """The batch size, input size and verify tolerance: in range, before any work."""
     for key in ("batch_size", "height", "width"):
         value = getattr(cfg, key)
         if value < 0 or (key == "batch_size" and value == 0):

@@ -172,11 +172,6 @@ def compare_logits(reference: np.ndarray, candidate: np.ndarray) -> Dict[str, fl
             "max_abs_logit": float(np.max(np.abs(reference)))}
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
-
-
 def top_k(probabilities: np.ndarray, k: int) -> List[List[Tuple[int, float]]]:
     """Per row, the k most probable (class index, probability), most probable first
     (ties: the lower index first, as argmax picks)."""

@@ -5,6 +5,7 @@ from typing import Optional
 import mindspore as ms
 import mindspore.dataset as mds
 import numpy as np
+from mindspore import nn
 from mindspore.train import Model
 
 from src.config import Config
@@ -50,7 +51,8 @@ def create_schedule(cfg: Config, steps_per_epoch: int, log=print) -> np.ndarray:
         gamma=cfg.lr_decay_factor, power=cfg.lr_poly_power)
 
 
-def create_network(cfg: Config, log=print, convolutions: str = "mindspore"):
+def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> nn.Cell:
+    """The config's network, its pre-trained weights loaded and its backbone frozen where asked."""
     if cfg.freeze_backbone and not cfg.pre_trained:
         raise UserInputError("freeze_backbone True trains only the head on top of pre-trained features; pass "
                              "--pre_trained CKPT (with --filter_weight True for another class_num)")
@@ -84,6 +86,7 @@ def real_sink(cfg: Config) -> bool:
 
 
 def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
+    """sink_size must keep an epoch what the dataset says it is."""
     if cfg.dataset_sink_mode and cfg.sink_size not in (-1, steps_per_epoch):
         raise UserInputError(f"sink_size {cfg.sink_size} would redefine an epoch; use -1 (one sink per epoch "
                              f"of {steps_per_epoch} steps)")
@@ -144,7 +147,7 @@ def check_boost_mode(boost_mode: str) -> str:
     return boost_mode
 
 
-def create_ema_twin(cfg: Config, convolutions: str = "mindspore"):
+def create_ema_twin(cfg: Config, convolutions: str = "mindspore") -> nn.Cell:
     """A second network, in the same precision, that evaluation loads the EMA weights into."""
     twin = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
     mixed_precision_network(twin, network_amp_level(cfg, twin))

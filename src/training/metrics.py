@@ -124,3 +124,8 @@ def evaluate(net: nn.Cell, dataset, *, group_size: int = 1) -> Dict[str, float]:
 def evaluate_outputs(run: Callable[[np.ndarray], np.ndarray], dataset, *, group_size: int = 1) -> Dict[str, float]:
     """`evaluate` for a model given as a function from an image batch to its logits (an exported file)."""
     return summarize(predictor_sums(run, dataset, {"counts": ClassificationCounts()}, group_size=group_size)["counts"])
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)

@@ -15,9 +15,15 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Metric
 
-from src.deploy.inference import softmax
 from src.files import atomic_target, write_atomic
-from src.training.metrics import ClassificationCounts, evaluate_sums, predictor_sums, summarize, true_class_rank
+from src.training.metrics import (
+    ClassificationCounts,
+    evaluate_sums,
+    predictor_sums,
+    softmax,
+    summarize,
+    true_class_rank,
+)
 
 CALIBRATION_BINS = 15
 TOP_K = 5
