@@ -9,11 +9,10 @@ import os
 from src.config import Config
 from src.errors import UserInputError
 from src.migration.dumped_batches import read_batches
-from src.resnet import create_model
-from src.training.checkpoint import load_into_network
+from src.training.checkpoint import network_from_checkpoint
 from src.training.data import host_batches
-from src.training.loss import loss_from_config
-from src.training.nonfinite import json_safe, replay_micro_batches, write_replay
+from src.training.loop import replay_step
+from src.training.nonfinite import json_safe, write_replay
 from src.training.precision import mixed_precision_network, resolve_amp_level
 
 
@@ -34,14 +33,11 @@ def check_replay_ranks(args: argparse.Namespace, cfg: Config) -> None:
 def find_nonfinite(cfg: Config, args: argparse.Namespace, log) -> int:
     """Replay global step --step's batch on --ckpt and say where it first goes non-finite. Prints
     the finding as one JSON line; returns the exit code (0 finite, 1 not)."""
-    net = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=args.convolutions)
-    load_into_network(net, args.ckpt, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
+    net = network_from_checkpoint(cfg.net_name, cfg.class_num, args.ckpt, convolutions=args.convolutions, log=log)
     mixed_precision_network(net, resolve_amp_level(cfg.amp_level, cfg.device_target))
     batch = (read_batches(args.batches, 1, cfg, first=args.step - 1) if args.batches
              else host_batches(cfg, args.rank, max(args.ranks, 1), first=args.step - 1, count=1))[0]
-    loss = loss_from_config(cfg)
-    result, which = replay_micro_batches(net, loss, *batch, parts=cfg.grad_accumulation_steps,
-                                         loss_scale=cfg.loss_scale if cfg.loss_scale_type != "none" else 1.0)
+    result, which = replay_step(cfg, net, *batch)
     path = write_replay(result, args.output_dir)
     log(f"step {args.step}{f' ({which})' if which else ''} on {args.ckpt}: {result.describe()} ({path})")
     print(json.dumps(json_safe({"ok": result.finite, "step": args.step, "rank": args.rank,

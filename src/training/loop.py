@@ -1,7 +1,7 @@
 """Around Model.train: the callbacks, a resumed epoch's rest, the best checkpoint's report, the
 replay of a diverged step and the TensorBoard start."""
 import os
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore.train import Model
@@ -25,7 +25,7 @@ from src.training.distributed import all_reduce_sum
 from src.training.factory import create_ema_twin, real_sink
 from src.training.faults import DivergenceGuard, GracefulStop, divergence_hints
 from src.training.loss import loss_from_config
-from src.training.nonfinite import replay_micro_batches, write_replay
+from src.training.nonfinite import NonFinite, replay_micro_batches, write_replay
 from src.training.report import class_names_for, evaluate_with_report, save_report
 from src.training.resume import best_top1, resume_command
 from src.training.run_record import RunRecord
@@ -153,14 +153,19 @@ def write_best_report(cfg: Config, result: dict, report, eval_dataset, *, folder
             board.picture_file(f"report/{os.path.splitext(os.path.basename(path))[0]}", path, step)
 
 
+def replay_step(cfg: Config, net, images: np.ndarray, labels: np.ndarray) -> Tuple[NonFinite, str]:
+    """One step's batch replayed on `net` micro-batch by micro-batch and cell by cell, with the config's
+    loss, accumulation and loss scale: where it first goes non-finite (src/training/nonfinite.py)."""
+    return replay_micro_batches(net, loss_from_config(cfg), images, labels, parts=cfg.grad_accumulation_steps,
+                                loss_scale=cfg.loss_scale if cfg.loss_scale_type != "none" else 1.0)
+
+
 def replay_divergence(cfg: Config, net, step: int, *, rank: int, group_size: int, folder: str) -> str:
     """Replay global step `step` cell by cell on the weights before it (the train step did not apply
     it): where it first went non-finite, also written to nonfinite_rank<r>.json in the run folder."""
     try:
         images, labels = host_batches(cfg, rank, group_size, first=step - 1, count=1)[0]
-        loss = loss_from_config(cfg)
-        result, which = replay_micro_batches(net, loss, images, labels, parts=cfg.grad_accumulation_steps,
-                                             loss_scale=cfg.loss_scale if cfg.loss_scale_type != "none" else 1.0)
+        result, which = replay_step(cfg, net, images, labels)
         path = write_replay(result, folder, f"nonfinite_rank{rank}.json")
     except Exception as err:  # pylint: disable=broad-except  # the divergence message must survive
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
