@@ -156,13 +156,6 @@ def replay(tape_path: str, path: str) -> None:
     print(f"replayed {len(tape['order'])} layers alone: {path}")
 
 
-def relative_l2(a: np.ndarray, b: np.ndarray) -> float:
-    """|a - b| / |b| in float64 (|a - b| where b is zero)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    scale = np.linalg.norm(b)
-    return float(np.linalg.norm(a - b) / scale) if scale > 0 else float(np.linalg.norm(a - b))
-
-
 class LayerDifference(NamedTuple):
     """How one layer's saved tensors differ between two tapes."""
     layer: str
@@ -173,10 +166,11 @@ class LayerDifference(NamedTuple):
 
 def compare_tapes(first: Dict[str, np.ndarray], second: Dict[str, np.ndarray]) -> List[LayerDifference]:
     """Layer by layer in backward order (where a difference travels), `second` against `first`."""
+    from src.migration.layer_diff import relative_difference
     rows = []
     for name in reversed(list(first["order"])):
         keys = sorted(k for k in first if k.startswith(f"{name}|") and k in second)
-        differences = {k.split("|", 1)[1]: relative_l2(second[k], first[k]) for k in keys}
+        differences = {k.split("|", 1)[1]: relative_difference(first[k], second[k]) for k in keys}
         flips, rest = [], None
         if name.split(".")[-1].startswith("relu") and f"{name}|in0" in second:
             x, y = first[f"{name}|in0"], second[f"{name}|in0"]
@@ -184,8 +178,8 @@ def compare_tapes(first: Dict[str, np.ndarray], second: Dict[str, np.ndarray]) -
             flips = [(tuple(int(i) for i in index), float(x[tuple(index)]), float(y[tuple(index)]))
                      for index in np.argwhere(differ)]
             if flips and f"{name}|dx0" in second:
-                rest = relative_l2(np.where(differ, 0, second[f"{name}|dx0"]),
-                                   np.where(differ, 0, first[f"{name}|dx0"]))
+                rest = relative_difference(np.where(differ, 0, first[f"{name}|dx0"]),
+                                           np.where(differ, 0, second[f"{name}|dx0"]))
         rows.append(LayerDifference(name, differences, flips, rest))
     return rows
 
