@@ -119,6 +119,11 @@ class BasicBlock(nn.Cell):
         return self.relu(out + identity)
 
 
+def bottleneck_width(channels: int, groups: int, width_per_group: int) -> int:
+    """The channels of a Bottleneck's 3x3 convolution (ResNeXt and Wide ResNet widen it)."""
+    return int(channels * (width_per_group / 64.0)) * groups
+
+
 class Bottleneck(nn.Cell):
     """1x1 -> 3x3 (stride here, v1.5) -> 1x1 with 4x expansion (ResNet50/101/152).
 
@@ -132,7 +137,7 @@ class Bottleneck(nn.Cell):
                  downsample: Optional[nn.Cell] = None, groups: int = 1, width_per_group: int = 64):
         super().__init__()
         out_channels = channels * self.expansion
-        width = int(channels * (width_per_group / 64.0)) * groups
+        width = bottleneck_width(channels, groups, width_per_group)
         self.conv1 = conv2d(in_channels, width, 1)
         self.bn1 = batch_norm(width)
         self.conv2 = conv2d(width, width, 3, stride, groups)
@@ -425,7 +430,7 @@ def probe_layers(net_name: str, image_size: int, batch_size: int) -> List[Tuple[
     layers = []
     for stage in range(4):
         planes = 64 * 2 ** stage
-        width = planes if arch.kind == "basic" else planes * arch.width_per_group // 64 * arch.groups
+        width = planes if arch.kind == "basic" else bottleneck_width(planes, arch.groups, arch.width_per_group)
         size = max(1, -(-image_size // (4 * 2 ** stage)))  # the stem and its pool halve it twice, each stage once more
         layers.append((min(batch_size, 16), width, size, width, 3, 1))
     return layers

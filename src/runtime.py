@@ -22,12 +22,12 @@ def set_up_runtime(device_target: str, *, cpu_convolution: str, mode_name: str =
     """Choose the convolutions (src.cpu_convolution.choose_convolutions; with `probe_layers` it may
     time them on this process's threads), then select the device (src.device.init_device: MindSpore's
     own convolutions keep oneDNN's ISA capped) and give ours the same threads."""
+    threads = kernel_threads(processes_per_node, cpu_threads)
     convolutions, note = choose_convolutions(
         cpu_convolution, device_target=device_target, amp_level=amp_level, optimizer=optimizer,
-        cpu_amp_dtype=cpu_amp_dtype, probe_layers=probe_layers,
-        threads=kernel_threads(processes_per_node, cpu_threads) if probe_layers else 0)
+        cpu_amp_dtype=cpu_amp_dtype, probe_layers=probe_layers, threads=threads if probe_layers else 0)
     threads = init_device(device_target, mode_name=mode_name, device_id=device_id,
-                          processes_per_node=processes_per_node, cpu_threads=cpu_threads,
+                          processes_per_node=processes_per_node, cpu_threads=threads,
                           cap_cpu_isa=convolutions == "mindspore")
     if convolutions != "mindspore":
         set_convolution_threads(threads)

@@ -9,7 +9,6 @@ import yaml
 from conftest import PYTHON, REPO, run
 from src.config import (
     DEFAULT_CONFIG,
-    REFERENCE_CONFIG,
     SCHEMA_PATH,
     Config,
     load_config,
@@ -296,8 +295,7 @@ def test_the_default_recipe_is_a_recipe_and_not_the_schema():
     """train.py, eval.py and export.py without --config_path run config/resnet50_cifar10.yaml; the
     keys a file leaves out come from the schema, never from that recipe."""
     assert os.path.samefile(DEFAULT_CONFIG, REPO / "config" / "resnet50_cifar10.yaml")
-    assert os.path.samefile(REFERENCE_CONFIG, REPO / "src" / "config" / "schema.yaml")
-    assert os.path.samefile(SCHEMA_PATH, REFERENCE_CONFIG)
+    assert os.path.samefile(SCHEMA_PATH, REPO / "src" / "config" / "schema.yaml")
     default = load_config([]).to_dict()
     assert default.pop("config_path") == DEFAULT_CONFIG
     assert default == EFFECTIVE["resnet50_cifar10.yaml"]

@@ -13,9 +13,7 @@ from src.config.loader import (
     DEFAULT_CONFIG,
     NON_NEGATIVE_KEYS,
     POSITIVE_KEYS,
-    REFERENCE_CONFIG,
     Config,
-    check_against_reference,
     check_against_schema,
     check_ranges,
     coerce_value,
@@ -39,8 +37,8 @@ from src.config.schema import (
 from src.config.yaml_io import read_yaml, read_yaml_documents
 
 __all__ = [
-    "DEFAULT_CONFIG", "NON_NEGATIVE_KEYS", "POSITIVE_KEYS", "REFERENCE_CONFIG", "REPO_ROOT", "SCHEMA_PATH",
-    "Config", "SchemaKey", "check_against_reference", "check_against_schema", "check_ranges", "coerce_value",
+    "DEFAULT_CONFIG", "NON_NEGATIVE_KEYS", "POSITIVE_KEYS", "REPO_ROOT", "SCHEMA_PATH",
+    "Config", "SchemaKey", "check_against_schema", "check_ranges", "coerce_value",
     "format_help", "format_reference", "load_config", "main", "parse_bool", "read_schema", "read_yaml",
     "read_yaml_documents", "recipe_keys", "run_dir", "save_config", "split_overrides", "unknown_key_error",
 ]

@@ -16,11 +16,11 @@ import yaml
 from src.config.schema import (
     REPO_ROOT,
     SCHEMA_PATH,
-    TYPES,
     conform,
     format_reference,
     read_schema,
     schema_defaults,
+    schema_types,
     type_words,
 )
 from src.config.yaml_io import read_yaml_documents, safe_yaml
@@ -37,9 +37,6 @@ from src.files import write_atomic
 
 # The default recipe of train.py, eval.py and export.py (and fine_tune.py) without --config_path.
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "config", "resnet50_cifar10.yaml")
-# The schema every config file is checked against: every key a run may set, its type and its
-# default. A config file sets any subset of these keys; the keys it leaves out take its defaults.
-REFERENCE_CONFIG = SCHEMA_PATH
 # Keys that must be > 0 (checked at load, not hours into a run).
 POSITIVE_KEYS = ("batch_size", "epoch_size", "class_num", "train_image_size", "eval_image_size",
                  "num_parallel_workers", "save_checkpoint_epochs", "keep_checkpoint_max", "log_interval",
@@ -160,16 +157,6 @@ def check_against_schema(values: Dict[str, Any], path: str, defaults: Dict[str, 
     return checked
 
 
-def check_against_reference(values: Dict[str, Any], path: str, reference_path: Optional[str]) -> Dict[str, Any]:
-    """`check_against_schema` with the schema file `reference_path` (None: the file is its own schema)."""
-    if reference_path is None:
-        own = {key: value for key, value in values.items() if key != "config_path"}
-        return check_against_schema(values, path, own, _file_types(own))
-    schema = read_schema(reference_path)
-    return check_against_schema(values, path, schema_defaults(schema),
-                                {name: TYPES[key.type] for name, key in schema.items()})
-
-
 def check_ranges(values: Dict[str, Any], where: str) -> None:
     """Numbers that must be positive or non-negative, checked before any work."""
     for key in POSITIVE_KEYS:
@@ -223,7 +210,7 @@ def format_help(values: Dict[str, Any], path: str, prog: str, helps: Optional[Di
 
 
 def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAULT_CONFIG,
-                prog: str = "train.py", reference_path: Optional[str] = REFERENCE_CONFIG) -> Config:
+                prog: str = "train.py", reference_path: Optional[str] = SCHEMA_PATH) -> Config:
     """Load `--config_path` (or `default_path`, the default recipe), check it against the schema
     `reference_path` (None: the file is its own schema), and apply `--key value` overrides from argv.
 
@@ -248,7 +235,7 @@ def load_config(argv: Optional[Sequence[str]] = None, default_path: str = DEFAUL
         reference = read_schema(reference_path)
         schema = list(reference) + ["config_path"]
         defaults = schema_defaults(reference)
-        types = {name: TYPES[key.type] for name, key in reference.items()}
+        types = schema_types(reference)
         # the schema's meaning of a key, unless the file gives its own (as the model zoo's files do)
         helps = {**{name: key.help for name, key in reference.items()}, **helps}
     file_values, ignored = translate_zoo_keys(file_values, schema, f"config file {path}")

@@ -67,7 +67,13 @@ def read_schema(path: str = SCHEMA_PATH) -> Dict[str, SchemaKey]:
 
 
 def schema_defaults(schema: Dict[str, SchemaKey]) -> Dict[str, Any]:
+    """Every key's default."""
     return {name: key.default for name, key in schema.items()}
+
+
+def schema_types(schema: Dict[str, SchemaKey]) -> Dict[str, Any]:
+    """Every key's Python type (TYPES)."""
+    return {name: TYPES[key.type] for name, key in schema.items()}
 
 
 def recipe_keys(path: str = SCHEMA_PATH) -> List[str]:
