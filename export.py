@@ -68,9 +68,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(args, prog="export.py")
     for note in cfg.notes:
         print(note, flush=True)
-    request = check_export_request(cfg)
-    file_format, height, width = request.file_format, request.height, request.width
-    dynamic, batch_size, calibration = request.dynamic, request.batch_size, request.calibration
+    file_format, height, width, batch_size, calibration = check_export_request(cfg)
+    dynamic = batch_size is None
 
     init_device(cfg.device_target, device_id=cfg.device_id, mode_name="GRAPH")
     net = network_from_checkpoint(cfg.net_name, cfg.class_num, cfg.checkpoint_file_path, use_ema=cfg.use_ema)

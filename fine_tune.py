@@ -30,10 +30,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         converted = fine_tune_argv(argv)
         print(f"fine_tune.py: train.py {' '.join(converted[:20])} (the zoo's checkpoint_path and learning_rate)",
               flush=True)
-    # train.py in this process's place, with this interpreter's options (-u, -X ...): the same process,
-    # exit code and signals as if run directly.
-    options = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]
-    os.execv(sys.executable, [sys.executable, *options, TRAIN_PY, *converted])
+    # train.py in this process's place: the same process, exit code and signals as if run directly.
+    os.execv(sys.executable, [sys.executable, TRAIN_PY, *converted])
 
 
 if __name__ == "__main__":

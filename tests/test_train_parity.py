@@ -1,6 +1,5 @@
 """Training parity with PyTorch (train_parity.py): runs that agree, planted differences found and
 named, the non-finite finder, bad input; and the pieces both sides share."""
-import csv
 import json
 from pathlib import Path
 from typing import List, Tuple
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from conftest import NO_CURVES, NO_TORCH, PYTHON, run
+from conftest import NO_CURVES, NO_TORCH, PYTHON, last_json, read_metrics, run
 
 torch = pytest.importorskip("torch", reason=NO_TORCH)  # before the modules below import it
 
@@ -95,12 +94,7 @@ def resnext_reflect(num_classes=1000):
 def parity(cifar_dir: Path, out: Path, *extra: str, env=None):
     result = run(TOOL + SMALL + ["--data_path", str(cifar_dir), "--output_dir", str(out)] + list(extra),
                  env=env)
-    return result, (json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None)
-
-
-def rows(path: Path) -> list:
-    with open(path, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
+    return result, (last_json(result.stdout) if result.stdout.strip() else None)
 
 
 def planted(tmp_path: Path, model: str) -> Tuple[List[str], dict]:
@@ -127,12 +121,12 @@ def test_the_v2_switches_train_alike_step_by_step(cifar_dir, tmp_path):
         "--model_ema_decay", "0.9", "--plot_curves", "True")  # loss.png is checked below
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] and report["first_difference"] is None and report["steps"] == 3
-    steps = rows(out / "steps.csv")
+    steps = read_metrics(out / "steps.csv")
     assert [int(r["step"]) for r in steps] == [1, 2, 3] and all(r["within"] == "True" for r in steps)
     model = torch_resnet.resnet10(10)
     trained = [name for name, p in model.named_parameters() if p.requires_grad]
-    assert [r["name"] for r in rows(out / "gradients.csv")] == trained
-    weights = rows(out / "weights.csv")
+    assert [r["name"] for r in read_metrics(out / "gradients.csv")] == trained
+    weights = read_metrics(out / "weights.csv")
     kinds = {r["what"] for r in weights}
     assert kinds == {"after step 1", "batch statistics of step 1", "optimizer state after step 1", "after step 3",
                      "EMA after step 3"}
@@ -162,10 +156,10 @@ def test_adamw_on_dumped_batches_in_pynative_mode_compares_every_layer(cifar_dir
                             "--weight_decay", "0.05", "--pynative", "--per_layer", "--net_name", "resnet18")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["ok"] and report["mode"] == "PYNATIVE" and report["first_difference"] is None
-    layers = rows(out / "layers.csv")
+    layers = read_metrics(out / "layers.csv")
     judged = [r for r in layers if not r["status"].startswith("not compared")]
     assert len(judged) > 50 and all(r["status"] == "ok" for r in judged)
-    slots = {r["name"].split(".")[0] for r in rows(out / "weights.csv") if r["what"].startswith("optimizer")}
+    slots = {r["name"].split(".")[0] for r in read_metrics(out / "weights.csv") if r["what"].startswith("optimizer")}
     assert slots == {"exp_avg", "exp_avg_sq"}
 
 
@@ -177,10 +171,10 @@ def test_planted_batchnorm_epsilon_and_momentum_are_found_and_named(cifar_dir, t
     assert report["ok"] is False and report["first_bad_step"] == 1
     assert report["first_difference"] == "layer2.0.bn1"
     assert not (out / "loss.png").exists() and (out / "steps.csv").exists()  # --plot_curves False
-    differing = {r["layer"] for r in rows(out / "layers.csv") if r["status"] == "differs"}
+    differing = {r["layer"] for r in read_metrics(out / "layers.csv") if r["status"] == "differs"}
     leaves = {name for name in differing if name.split(".")[-1].startswith(("bn", "conv"))}
     assert leaves == {"layer2.0.bn1", "layer3.0.bn2"}
-    momentum_row = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer3.0.bn2")
+    momentum_row = next(r for r in read_metrics(out / "layers.csv") if r["layer"] == "layer3.0.bn2")
     assert float(momentum_row["running_mean_ratio"]) > 1e3 and float(momentum_row["output_ratio"]) < 30
 
 
@@ -193,7 +187,7 @@ def test_a_difference_only_in_the_final_weights_fails_and_is_named(cifar_dir, tm
     assert report["ok"] is False and report["first_bad_step"] is None
     assert report["tensors_beyond"] == ["after step 2: fc.bias"]
     assert report["tensors_within"] == report["tensors"] - 1
-    beyond = [r for r in rows(out / "weights.csv") if r["within"] != "True"]
+    beyond = [r for r in read_metrics(out / "weights.csv") if r["within"] != "True"]
     assert [(r["what"], r["name"]) for r in beyond] == [("after step 2", "fc.bias")]
 
 
@@ -203,10 +197,10 @@ def test_a_kernel_gradient_wrong_only_in_the_weights_is_named_by_the_layer_finde
     result, report = parity(cifar_dir, out, "--steps", "1", *args, env=env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert report["first_bad_step"] == 1 and report["first_difference"] == "layer2.0.conv2"
-    layer = next(r for r in rows(out / "layers.csv") if r["layer"] == "layer2.0.conv2")
+    layer = next(r for r in read_metrics(out / "layers.csv") if r["layer"] == "layer2.0.conv2")
     assert layer["weight_grad_worst"] == "weight" and float(layer["weight_grad_ratio"]) > 1e3
     assert float(layer["output_ratio"]) < 100 and float(layer["input_grad_ratio"]) < 100
-    differing = {r["layer"] for r in rows(out / "layers.csv") if r["status"] == "differs"}
+    differing = {r["layer"] for r in read_metrics(out / "layers.csv") if r["status"] == "differs"}
     assert {name for name in differing if name.split(".")[-1].startswith(("bn", "conv"))} == {"layer2.0.conv2"}
 
 
@@ -336,7 +330,7 @@ def test_learning_side_by_side_reports_both_curves_per_seed(tmp_path):
                          "--net_name", NET, "--device_target", "CPU", "--train_image_size", "32",
                          "--eval_image_size", "32", "--batch_size", "128", "--warmup_epochs", "0",
                          "--num_parallel_workers", "1", "--output_dir", str(tmp_path)])
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = last_json(result.stdout)
     curves = report["learn"]["1"]
     assert list(report["learn"]) == ["1"]
     assert all(len(curves[side]) == 1 and 0.0 <= curves[side][0] <= 1.0 for side in ("mindspore", "torch"))

@@ -39,13 +39,13 @@ def emulated(command: str) -> subprocess.CompletedProcess:
 
 def step_losses(folder: Path) -> Dict[int, float]:
     with open(folder / "metrics.csv", newline="") as handle:
-        return {int(row["step"]) + 1000 * int(row["epoch"]): float(row["loss"])
+        return {int(row["step"]): float(row["loss"])  # the global step
                 for row in csv.DictReader(handle) if row["loss"] and not row["top_1"]}
 
 
 def weights(path: Path) -> Dict[str, np.ndarray]:
-    import mindspore as ms
-    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items() if not k.startswith("learning_rate")}
+    from src.training.checkpoint import read_checkpoint
+    return {k: v.asnumpy() for k, v in read_checkpoint(str(path)).items() if not k.startswith("learning_rate")}
 
 
 def last_json(text: str) -> dict:
@@ -77,6 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--epoch_size", type=int, default=1)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if str(REPO) not in sys.path:  # run as a script: the repository's src/ beside it
+        sys.path.insert(0, str(REPO))
     per_class, epochs = args.images_per_class, args.epoch_size
     report: dict = {"images_per_class": per_class, "epoch_size": epochs}
 

@@ -4,7 +4,7 @@ import itertools
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -185,13 +185,11 @@ def check_sizes(cfg: Config) -> None:
         raise UserInputError(f"--verify_tolerance must be >= 0, got {cfg.verify_tolerance}")
 
 
-@dataclass
-class ExportRequest:
+class ExportRequest(NamedTuple):
     """A checked export request: the format, the input's size, and the calibration images for int8."""
     file_format: str
     height: int
     width: int
-    dynamic: bool
     batch_size: Optional[int]  # None: a dynamic batch
     calibration: Optional[Calibration]
 
@@ -208,4 +206,4 @@ def check_export_request(cfg: Config) -> ExportRequest:
     calibration = None
     if check_quantize(cfg, file_format, height, width):
         calibration = calibration_batches(cfg, batch_size=cfg.batch_size, image_size=height)
-    return ExportRequest(file_format, height, width, dynamic, None if dynamic else cfg.batch_size, calibration)
+    return ExportRequest(file_format, height, width, None if dynamic else cfg.batch_size, calibration)

@@ -13,6 +13,7 @@ from src.migration.convert_torch import ms_to_torch_name, torch_to_ms_name
 from src.migration.parity import build_torch_model, read_pth_state, resolve_factory
 from src.migration.torch_training import EmaPlan, TorchRecipe
 from src.resnet import create_model
+from src.training.loss import label_smoothing
 from src.training.lr_schedule import create_lr_schedule
 from src.training.train_step import ema_schedule
 
@@ -43,7 +44,7 @@ def torch_recipe(cfg: Config, ema: Optional[EmaPlan]) -> TorchRecipe:
     return TorchRecipe(optimizer=cfg.optimizer, momentum=cfg.momentum, use_nesterov=cfg.use_nesterov,
                        weight_decay=cfg.weight_decay, norm_weight_decay=cfg.norm_weight_decay,
                        bias_weight_decay=cfg.bias_weight_decay,
-                       label_smoothing=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0,
+                       label_smoothing=label_smoothing(cfg),
                        clip_grad_norm=cfg.clip_grad_norm, accumulation_steps=cfg.grad_accumulation_steps, ema=ema)
 
 

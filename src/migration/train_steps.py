@@ -24,6 +24,7 @@ from src.migration.train_compare import (
 from src.migration.train_sides import compressed_schedule, create_sides, ema_plan, load_torch_state, torch_recipe
 from src.resnet import create_model
 from src.training.factory import create_train_step
+from src.training.loss import label_smoothing
 from src.training.train_step import EmaSchedule, ReadyInput
 
 Tables = Dict[str, List[Row]]
@@ -94,7 +95,7 @@ def compare_layers(cfg: Config, args: argparse.Namespace, model, state, batch: B
     load_torch_state(net, layer_model.state_dict())
     images, labels = batch
     part = len(images) // cfg.grad_accumulation_steps
-    smoothing = cfg.label_smooth_factor if cfg.use_label_smooth else 0.0
+    smoothing = label_smoothing(cfg)
     rows = find_first_difference(layer_model, net, images[:part], labels[:part], label_smoothing=smoothing,
                                  multiple=args.multiple)
     log(f"layers: {sum(r.status == 'ok' for r in rows)} within {args.multiple:g} x their floor, "

@@ -31,8 +31,13 @@ def create_loss(*, num_classes: int, label_smooth_factor: float = 0.0) -> nn.Cel
     return CrossEntropySmooth(num_classes, label_smooth_factor)
 
 
+def label_smoothing(cfg: Any) -> float:
+    """The smoothing a config (any object with its keys) asks for: label_smooth_factor when use_label_smooth."""
+    return cfg.label_smooth_factor if cfg.use_label_smooth else 0.0
+
+
 def loss_from_config(cfg: Any) -> nn.Cell:
     """The loss a config (any object with its keys) names: class_num classes, smoothed by
     label_smooth_factor when use_label_smooth."""
     return create_loss(num_classes=cfg.class_num,
-                       label_smooth_factor=cfg.label_smooth_factor if cfg.use_label_smooth else 0.0)
+                       label_smooth_factor=label_smoothing(cfg))
