@@ -24,6 +24,7 @@ from src.cpu_convolution import (
     unscale_all_finite_op,
     use_onednn_convolutions,
     use_onednn_layers,
+    weights_frozen,
 )
 from src.cpu_convolution.cells import (
     OUTPUT_BLOCKED,
@@ -208,6 +209,32 @@ def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(arch, mode, freeze_
     moved = [name for name in stats_reference if not np.allclose(stats_blocked[name], state[name])]
     assert len(moved) == (0 if freeze_bn else len(stats_reference))
     assert evaluated < 1e-5
+
+
+@needs_library
+def test_frozen_weights_are_reordered_once_and_thawed_by_loading_anew_or_training():
+    """An evaluation reorders each convolution's weights once while they are frozen (weights_frozen):
+    the same outputs as unfrozen calls, bit for bit; weights loaded before a new freeze are the ones
+    used; a training step thaws them itself, so a later evaluation cannot see stale weights."""
+    ms.set_seed(5)
+    net = small_network("bottleneck", False, "onednn")
+    rng = np.random.default_rng(4)
+    images = Tensor(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
+    net.set_train(False)
+    unfrozen = net(images).asnumpy()
+    with weights_frozen(net):
+        assert library.frozen_version() > 0
+        np.testing.assert_array_equal(net(images).asnumpy(), unfrozen)
+        np.testing.assert_array_equal(net(images).asnumpy(), unfrozen)  # the kept reorders
+    assert library.frozen_version() == 0
+    conv = net.layer1[0].conv2
+    conv.weight.set_data(Tensor(conv.weight.asnumpy() * 0.5))
+    reloaded = net(images).asnumpy()
+    assert relative(reloaded, unfrozen) > 1e-3
+    with weights_frozen(net):
+        np.testing.assert_array_equal(net(images).asnumpy(), reloaded)
+        training_step_values(net, images, Tensor(np.array([1, 2], np.int32)))
+        assert library.frozen_version() == 0  # the training forward thawed them
 
 
 @needs_library

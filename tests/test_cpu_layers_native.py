@@ -51,11 +51,11 @@ def _fixed_output_shape(x, w, params):
 
 
 GOOD = record("ConvParams", stride_h=1, stride_w=1, pad_top=1, pad_bottom=1, pad_left=1, pad_right=1, dilation_h=1,
-              dilation_w=1, groups=1, bf16=0, layout=0)
+              dilation_w=1, groups=1, bf16=0, layout=0, inference=0)
 
 
 @pytest.mark.parametrize("params, x_shape, problem", [
-    (np.zeros(5, np.int32), (2, 16, 8, 8), "the parameter record holds 5 values, not 11"),
+    (np.zeros(5, np.int32), (2, 16, 8, 8), f"the parameter record holds 5 values, not {len(GOOD)}"),
     (np.array(GOOD, np.int32), (2, 16, 64), "argument 0 has 3 dimensions, not 4"),
     (np.array((0,) + GOOD[1:], np.int32), (2, 16, 8, 8), "parameter record is out of range"),
     (np.array(GOOD, np.float32), (2, 16, 8, 8), "argument 2 is float32, not int32"),
@@ -90,7 +90,8 @@ def test_the_plan_cache_is_bounded_and_keyed_by_threads_and_shapes():
             ours(Tensor(np.ones((batch, 16, 6, 6), np.float32))).asnumpy()
             assert library.plan_count() <= 2
         library.set_plan_limit(limit)
-        x = Tensor(np.random.default_rng(0).standard_normal((2, 16, 6, 6)).astype(np.float32))
+        # 7.4M multiply-accumulates: enough work for every thread
+        x = Tensor(np.random.default_rng(0).standard_normal((2, 16, 40, 40)).astype(np.float32))
         outputs, counts = [], []
         for threads in (1, 2, 0):
             library.set_threads(threads)
@@ -99,6 +100,14 @@ def test_the_plan_cache_is_bounded_and_keyed_by_threads_and_shapes():
         assert counts[1] == counts[0] + 1  # a plan per thread count
         for output in outputs:
             assert relative(output, theirs(x).asnumpy()) < 1e-5
+        # 0.1M: too little to wake a second thread for, one plan whatever the thread count
+        small = Tensor(np.ones((1, 16, 8, 8), np.float32))
+        library.set_threads(1)
+        ours(small).asnumpy()
+        before = library.plan_count()
+        library.set_threads(2)
+        ours(small).asnumpy()
+        assert library.plan_count() == before
     finally:
         library.set_plan_limit(limit)
         library.set_threads(0)

@@ -6,7 +6,8 @@ stem's max pool all run here and the tensors stay blocked between them (cells.py
 convolutions alone, reordering NCHW in and out. Weights stay ordinary NCHW Parameters, so
 checkpoints, conversion and export are unchanged. Only the entry points choose (choose_convolutions)
 and build networks with them (src.resnet.create_model's `convolutions`)."""
-from typing import Callable, Optional, Sequence, Tuple
+import contextlib
+from typing import Callable, Iterator, Optional, Sequence, Tuple
 
 from mindspore import nn
 
@@ -20,9 +21,11 @@ from src.cpu_convolution.cells import (
 )
 from src.cpu_convolution.library import (
     channels_per_block,
+    freeze_weights,
     probe_convolution_ms,
     set_threads,
     take_error,
+    thaw_weights,
     unavailable_reason,
 )
 from src.cpu_convolution.precision import ProbeLayer, bf16_verdict
@@ -35,13 +38,28 @@ CPU_AMP_DTYPES = ("auto", "bfloat16", "float32")
 
 __all__ = ["CPU_AMP_DTYPES", "CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "ProbeLayer", "all_finite_op",
            "choose_convolutions", "set_threads", "unavailable_reason", "unscale_all_finite_op",
-           "use_onednn_convolutions", "use_onednn_layers", "uses_onednn"]
+           "use_onednn_convolutions", "use_onednn_layers", "uses_onednn", "weights_frozen"]
 
 
 def uses_onednn(net: nn.Cell) -> bool:
     """Whether `net` computes with this package's layers: they choose their own precision (bfloat16
     where it pays, see choose_convolutions), so MindSpore's float16 casts (amp) are not applied on top."""
     return any(isinstance(cell, OneDnnConv2d) for _, cell in net.cells_and_names())
+
+
+@contextlib.contextmanager
+def weights_frozen(net: nn.Cell) -> Iterator[None]:
+    """Evaluations of `net` inside the block reorder each convolution's weights once, not on every
+    call (library.freeze_weights): the weights must not change inside it but through training, which
+    thaws them. Nothing happens for a network without this package's layers."""
+    if not uses_onednn(net):
+        yield
+        return
+    freeze_weights()
+    try:
+        yield
+    finally:
+        thaw_weights()
 
 
 def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0", optimizer: str = "Momentum",

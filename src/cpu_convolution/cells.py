@@ -88,9 +88,10 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
     return _aot("ConvForward", forward_shape, output_dtype or _of_input(0), bprop, shape_key=params[:8] + kernel)
 
 
-def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0) -> Tuple[int, ...]:
-    """stride, padding (top, bottom, left, right; -1: 'same'), dilation, groups, the bf16 flag and
-    the layout bits of `conv`: onednn_conv.cpp's ConvParams."""
+def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0,
+                       inference: bool = False) -> Tuple[int, ...]:
+    """stride, padding (top, bottom, left, right; -1: 'same'), dilation, groups, the bf16 flag, the
+    layout bits and the inference flag of `conv`: onednn_conv.cpp's ConvParams."""
     padding = conv.padding if conv.pad_mode == "pad" else 0
     if conv.pad_mode == "same":  # the kernels work the padding out from the input's size
         padding = -1
@@ -98,7 +99,7 @@ def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0) -> 
     stride, dilation = conv.stride[-2:], conv.dilation[-2:]
     return record("ConvParams", stride_h=stride[0], stride_w=stride[1], pad_top=top, pad_bottom=bottom,
                   pad_left=left, pad_right=right, dilation_h=dilation[0], dilation_w=dilation[1], groups=conv.group,
-                  bf16=int(bf16), layout=layout)
+                  bf16=int(bf16), layout=layout, inference=int(inference))
 
 
 def supported(cell: nn.Cell) -> bool:
@@ -109,13 +110,16 @@ def supported(cell: nn.Cell) -> bool:
 class OneDnnConv2d(nn.Conv2d):
     """A Conv2d whose three kernels are this package's. Inputs of another float type (amp) are
     computed in float32 and returned in their own type; between blocked layers (`onednn_blocked`,
-    a constant of the graph) the tensors are in the types the layers hand each other, uncast."""
+    a constant of the graph) the tensors are in the types the layers hand each other, uncast. In
+    evaluation mode the forward runs oneDNN's inference kernels, which keep the weights' reorder while
+    they are frozen (library.freeze_weights)."""
 
     def construct(self, x):
+        params = self.onednn_params if self.training else self.onednn_inference_params
         if self.onednn_blocked:
-            return self.onednn(x, self.weight, self.onednn_params)
+            return self.onednn(x, self.weight, params)
         dtype = x.dtype
-        y = self.onednn(ops.cast(x, mstype.float32), ops.cast(self.weight, mstype.float32), self.onednn_params)
+        y = self.onednn(ops.cast(x, mstype.float32), ops.cast(self.weight, mstype.float32), params)
         y = ops.cast(y, dtype)
         if self.has_bias:
             y = self.bias_add(y, self.bias)
@@ -127,6 +131,7 @@ def _swap_convolution(cell: nn.Conv2d, *, bf16: bool, input_gradient: bool, layo
     params = convolution_params(cell, bf16, layout)
     cell.onednn = convolution_ops(params, tuple(cell.kernel_size), input_gradient, output_dtype)
     cell.onednn_params = Tensor(np.array(params, np.int32))
+    cell.onednn_inference_params = Tensor(np.array(convolution_params(cell, bf16, layout, inference=True), np.int32))
     cell.onednn_blocked = bool(layout)
     cell.__class__ = OneDnnConv2d
 

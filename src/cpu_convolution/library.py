@@ -17,7 +17,7 @@ ISAS = ("avx2", "avx512_core", "avx512_core_bf16", "avx512_core_amx", "all")  # 
 # defines the same lists (onednn_conv.cpp) and unavailable_reason refuses a library whose differ.
 RECORDS: Dict[str, Tuple[str, ...]] = {
     "ConvParams": ("stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right", "dilation_h",
-                   "dilation_w", "groups", "bf16", "layout"),
+                   "dilation_w", "groups", "bf16", "layout", "inference"),
     "NormParams": ("epsilon", "global_stats", "momentum", "activation"),
     "PoolParams": ("kernel", "stride", "pad"),
 }
@@ -50,6 +50,7 @@ def load_library() -> ctypes.CDLL:
     library.ProbeConvolution.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_int, ctypes.c_int]
     library.PeakGmacs.argtypes = [ctypes.c_int]
     library.ScratchpadBytes.restype = ctypes.c_int64
+    library.FreezeWeights.restype = library.FrozenVersion.restype = ctypes.c_uint64
     return library
 
 
@@ -128,6 +129,24 @@ def blocked_layout(dtype: str) -> str:
 def channels_per_block(dtype: str) -> int:
     """Channels a blocked layer's tensors must come in multiples of (0 where there is no blocked layout)."""
     return {"nChw16c": 16, "nChw8c": 8, "nhwc": 1, "nchw": 1}.get(blocked_layout(dtype), 0)
+
+
+def freeze_weights() -> int:
+    """Declare the weights of every network fixed for the evaluations that follow: each convolution
+    reorders its weights on its first inference call and reuses that reorder until `thaw_weights`,
+    the next `freeze_weights` (weights loaded in between are reordered again) or the next training
+    step, which thaws them itself. Returns the frozen version."""
+    return load_library().FreezeWeights()
+
+
+def thaw_weights() -> None:
+    """Inference reorders the weights on every call again (weights may change between calls)."""
+    load_library().ThawWeights()
+
+
+def frozen_version() -> int:
+    """The frozen version in force (0: thawed)."""
+    return load_library().FrozenVersion()
 
 
 def plan_count() -> int:

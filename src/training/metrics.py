@@ -5,6 +5,7 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Metric, Model
 
+from src.cpu_convolution import weights_frozen
 from src.data.input_stage import WithInputStage
 from src.training.distributed import all_reduce_sum
 
@@ -61,7 +62,9 @@ def evaluate_sums(net: nn.Cell, dataset, metrics: Dict[str, Metric], *, group_si
     normalization = getattr(dataset, "normalization", None)  # create_dataset's uint8 batches
     cell = eval_cell(net, normalization)
     model = Model(cell, eval_network=cell, metrics=metrics)
-    return sum_over_ranks(model.eval(dataset, dataset_sink_mode=False), group_size)
+    with weights_frozen(net):  # an evaluation never changes them: our layers reorder them once, not per batch
+        sums = model.eval(dataset, dataset_sink_mode=False)
+    return sum_over_ranks(sums, group_size)
 
 
 class _LogitsAndLabels(nn.Cell):

@@ -56,10 +56,15 @@ class MindSporeRunner:
         return round(first - (time.perf_counter() - start), 2)
 
     def _set_training(self, training: bool) -> None:
-        # One network serves both graphs: switch BatchNorm's mode only when the phase changes.
+        # One network serves both graphs: switch BatchNorm's mode only when the phase changes. Evaluation
+        # freezes the weights as eval.py's does (src.training.metrics); the next training step thaws them.
         if self.training != training:
             self.train_cell.set_train(training)
             self.training = training
+            if not training:
+                from src.cpu_convolution import freeze_weights, uses_onednn
+                if uses_onednn(self.net):
+                    freeze_weights()
 
     def train_step(self, images=None, labels=None) -> None:
         self._set_training(True)

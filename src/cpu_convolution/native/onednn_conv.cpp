@@ -49,10 +49,12 @@ using dt = dnnl::memory::data_type;
 // (RecordFields, KernelSlots) when the library loads, so a field moved on either side is refused.
 //
 // ConvParams (int32): the stride, the padding (pad_top < 0: 'same'), the dilation, the groups, bf16
-// (1: compute in bfloat16), and layout (bit 0: the input (x, dx) is blocked; bit 1: the output (y, dy)).
+// (1: compute in bfloat16), layout (bit 0: the input (x, dx) is blocked; bit 1: the output (y, dy)), and
+// inference (1: an evaluation's forward: oneDNN's inference kernels, and the weights' reorder kept while
+// they are frozen, see FreezeWeights).
 #define CONV_PARAMS(F) \
     F(stride_h) F(stride_w) F(pad_top) F(pad_bottom) F(pad_left) F(pad_right) F(dilation_h) F(dilation_w) F(groups) \
-    F(bf16) F(layout)
+    F(bf16) F(layout) F(inference)
 // NormParams (float32): epsilon; global_stats (1: normalize with the given (moving) statistics);
 // momentum: with batch statistics and momentum > 0 the forward moves the given statistics (slots
 // mean and variance) in place, moving = (1 - momentum) * moving + momentum * batch (the variance
@@ -120,6 +122,10 @@ struct Operand {
     memory inner;
     bool reorders;
     dnnl::reorder reorder;  // user -> inner for inputs, inner -> user for outputs
+    // Weights of an inference forward: their reorder per weights tensor (by address), with the frozen
+    // version it was made under (0: made unfrozen, so made again on the next call).
+    bool keeps_reorders = false;
+    std::unordered_map<void *, std::pair<memory, uint64_t>> kept;
 };
 
 struct Plan {
@@ -159,6 +165,9 @@ struct State {
 };
 
 int g_threads = 0;                             // SetThreads: 0 is OpenMP's default
+// While non-zero, the weights of inference forwards are frozen: each weights tensor is reordered once
+// per version and its reorder reused (FreezeWeights, ThawWeights). A training forward thaws them.
+uint64_t g_frozen_version = 0, g_last_version = 0;
 const int kDefaultThreads = omp_get_max_threads();  // read when the library loads, before anyone sets it
 std::string g_error;
 // The highest ISA this copy of oneDNN may use: all the CPU has, unless capped before the first
@@ -184,7 +193,9 @@ State &state() {
     return *instance;
 }
 
-void use_threads() { omp_set_num_threads(g_threads > 0 ? g_threads : kDefaultThreads); }
+int kernel_threads() { return g_threads > 0 ? g_threads : kDefaultThreads; }
+
+void use_threads(int threads = 0) { omp_set_num_threads(threads > 0 ? threads : kernel_threads()); }
 
 // The shared scratchpad, at least `bytes` long (64-byte aligned, as oneDNN prefers).
 void *scratchpad_of(State &s, size_t bytes) {
@@ -304,16 +315,20 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
     auto y_user = activation(y_dims, y_type, p.layout & 2);
     auto w_user = weights_desc(w_dims, p.groups, dt::f32, tag::oihw);
     auto attr = user_scratchpad();
-    auto forward = dnnl::convolution_forward::primitive_desc(
-        engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_any, w_any, y_any,
-        strides, dilation, pad_l, pad_r, attr);
+    auto forward_of = [&](dnnl::prop_kind prop) {
+        return dnnl::convolution_forward::primitive_desc(engine, prop, dnnl::algorithm::convolution_direct, x_any,
+                                                         w_any, y_any, strides, dilation, pad_l, pad_r, attr);
+    };
+    auto forward = forward_of(dnnl::prop_kind::forward_training);  // the backwards' hint
     auto plan = std::make_unique<Plan>();
     if (kind == kConvForward) {
+        if (p.inference) forward = forward_of(dnnl::prop_kind::forward_inference);
         plan->primitive = dnnl::convolution_forward(forward);
         using namespace conv_forward;
         plan->operands = {operand(DNNL_ARG_SRC, x, false, x_user, forward.src_desc()),
                           operand(DNNL_ARG_WEIGHTS, w, false, w_user, forward.weights_desc()),
                           operand(DNNL_ARG_DST, y, true, y_user, forward.dst_desc())};
+        plan->operands[1].keeps_reorders = p.inference && plan->operands[1].reorders;
         own_scratchpad(*plan, forward);
     } else if (kind == kConvBackwardData) {
         auto backward = dnnl::convolution_backward_data::primitive_desc(
@@ -492,6 +507,21 @@ std::unique_ptr<Plan> sum_plan(int64_t count, dt type) {
     return plan;
 }
 
+// The weights of an inference forward in the primitive's layout: reordered into a buffer of their own
+// unless that buffer holds them already, reordered under the frozen version in force.
+memory kept_reorder(Operand &o, void *handle) {
+    auto &s = state();
+    auto found = o.kept.find(handle);
+    if (found == o.kept.end())
+        found = o.kept.emplace(handle, std::make_pair(memory(o.inner.get_desc(), s.engine), uint64_t{0})).first;
+    auto &[buffer, version] = found->second;
+    if (g_frozen_version == 0 || version != g_frozen_version) {
+        o.reorder.execute(s.stream, o.user, buffer);
+        version = g_frozen_version;
+    }
+    return buffer;
+}
+
 void execute(Plan &plan, void **slots) {
     auto &s = state();
     if (plan.prelude) execute(*plan.prelude, slots);
@@ -500,6 +530,10 @@ void execute(Plan &plan, void **slots) {
         args[DNNL_ARG_SCRATCHPAD] = memory(plan.scratchpad, s.engine, scratchpad_of(s, bytes));
     for (auto &o : plan.operands) {
         o.user.set_data_handle(slots[o.slot]);
+        if (o.keeps_reorders) {
+            args[o.arg] = kept_reorder(o, slots[o.slot]);
+            continue;
+        }
         if (o.reorders && !o.output) o.reorder.execute(s.stream, o.user, o.inner);
         args[o.arg] = o.inner;
     }
@@ -628,9 +662,9 @@ std::string arguments_problem(Kind kind, int nparam, void **params, int *ndims, 
     if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
         const auto &p = *static_cast<const ConvParams *>(params[k.params_slot]);
         if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1 || p.groups < 1 ||
-            (p.bf16 != 0 && p.bf16 != 1) || p.layout < 0 || p.layout > 3)
+            (p.bf16 != 0 && p.bf16 != 1) || p.layout < 0 || p.layout > 3 || (p.inference != 0 && p.inference != 1))
             return "the convolution's parameter record is out of range (stride, dilation and groups >= 1, bf16 0 or "
-                   "1, layout 0-3)";
+                   "1, layout 0-3, inference 0 or 1)";
     }
     if (kind == kPoolForward || kind == kPoolBackward) {
         const auto &p = *static_cast<const PoolParams *>(params[k.params_slot]);
@@ -704,6 +738,30 @@ Plan &cached_plan(State &s, const std::string &key, Make make) {
     return *found->second.plan;
 }
 
+// Threads for one kernel call: all of them, or one where the work is too small to pay for waking the
+// others (on a virtual machine a parallel region's wake-up took ~90 us, more than a batch-1
+// convolution of a 32 px ResNet layer takes on one core).
+constexpr int64_t kOneThreadMacs = 4 << 20, kOneThreadElements = 64 << 10;
+
+int plan_threads(Kind kind, int *ndims, int64_t **shapes, const void *raw) {
+    int64_t work = 0, limit = kOneThreadElements;
+    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
+        // (x, y, w) slots: a convolution's multiply-accumulates are y's elements x w's per output channel
+        const int64_t *w = kind == kConvForward ? shapes[conv_forward::w]
+                           : kind == kConvBackwardData ? shapes[conv_backward_data::w]
+                                                       : shapes[conv_backward_weights::w_shape];
+        const int64_t *y = kind == kConvForward ? shapes[conv_forward::y]
+                           : kind == kConvBackwardData ? shapes[conv_backward_data::dy]
+                                                       : shapes[conv_backward_weights::dy];
+        work = element_count(4, y) * w[1] * w[2] * w[3];
+        limit = kOneThreadMacs;
+        (void)raw;
+    } else {
+        work = element_count(ndims[0], shapes[0]);
+    }
+    return work < limit ? 1 : kernel_threads();
+}
+
 int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
     const KernelInfo &k = info(kind);
     try {
@@ -711,8 +769,9 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
         std::lock_guard<std::mutex> guard(s.lock);
         const std::string problem = arguments_problem(kind, nparam, params, ndims, shapes, dtypes);
         if (!problem.empty()) return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, problem);
-        use_threads();
         const void *raw = k.params_slot >= 0 ? params[k.params_slot] : "";
+        use_threads(plan_threads(kind, ndims, shapes, raw));
+        if (kind == kConvForward && !static_cast<const ConvParams *>(raw)->inference) g_frozen_version = 0;
         const int64_t workspace_bytes =
             k.workspace_slot >= 0 ? element_count(ndims[k.workspace_slot], shapes[k.workspace_slot]) : 0;
         auto &plan = cached_plan(s, key_of(kind, nparam, ndims, shapes, dtypes, raw, k.params_size),
@@ -843,7 +902,7 @@ double probe_convolution(const memory::dims &x, int64_t out_channels, int64_t ke
     const int64_t pad = kernel / 2, out_size = (x[2] + 2 * pad - kernel) / stride + 1;
     const memory::dims w{out_channels, x[1], kernel, kernel}, y{x[0], out_channels, out_size, out_size};
     const int32_t s32 = static_cast<int32_t>(stride), p32 = static_cast<int32_t>(pad);
-    const ConvParams p{s32, s32, p32, p32, p32, p32, 1, 1, 1, type == dt::bf16, 3};
+    const ConvParams p{s32, s32, p32, p32, p32, p32, 1, 1, 1, type == dt::bf16, 3, 0};
     const int64_t bytes = type == dt::bf16 ? 2 : 4;
     auto x_buffer = zeroed(element_count(4, x.data()) * bytes), dx_buffer = zeroed(element_count(4, x.data()) * bytes);
     auto y_buffer = zeroed(element_count(4, y.data()) * bytes), w_buffer = zeroed(element_count(4, w.data()) * 4);
@@ -871,7 +930,7 @@ double probe_convolution(const memory::dims &x, int64_t out_channels, int64_t ke
 // multiply, 32 x 512 x 28 x 28 -> 512 channels), forward only, best of five, in GMAC/s.
 double peak_gmacs(dt type) {
     const memory::dims x{32, 512, 28, 28}, w{512, 512, 1, 1}, y{32, 512, 28, 28};
-    const ConvParams p{1, 1, 0, 0, 0, 0, 1, 1, 1, type == dt::bf16, 3};
+    const ConvParams p{1, 1, 0, 0, 0, 0, 1, 1, 1, type == dt::bf16, 3, 0};
     const int64_t bytes = type == dt::bf16 ? 2 : 4;
     auto x_buffer = zeroed(element_count(4, x.data()) * bytes), y_buffer = zeroed(element_count(4, y.data()) * bytes);
     auto w_buffer = zeroed(element_count(4, w.data()) * 4);
@@ -944,6 +1003,20 @@ EXPORT int UnscaleAllFinite(int nparam, void **params, int *ndims, int64_t **sha
 
 // Threads per kernel (0: OpenMP's default, as when the library loaded).
 EXPORT void SetThreads(int threads) { g_threads = std::max(threads, 0); }
+
+// Freezes the weights of inference forwards until ThawWeights or the next training forward: each
+// weights tensor is reordered on its first call and the reorder reused after. Returns the version (a
+// new one each call, so weights loaded between two freezes are reordered again).
+EXPORT uint64_t FreezeWeights() {
+    std::lock_guard<std::mutex> guard(state().lock);
+    g_frozen_version = ++g_last_version;
+    return g_frozen_version;
+}
+EXPORT void ThawWeights() {
+    std::lock_guard<std::mutex> guard(state().lock);
+    g_frozen_version = 0;
+}
+EXPORT uint64_t FrozenVersion() { return g_frozen_version; }
 
 // The oneDNN version this library runs (to prove the private copy is the one bound).
 EXPORT int OneDnnVersion() {
