@@ -10,7 +10,13 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 
 from conftest import PYTHON, REPO, run
-from src.cpu_convolution import all_finite_op, unavailable_reason, unscale_all_finite_op, use_onednn_layers
+from src.cpu_convolution import (
+    all_finite_op,
+    momentum_step_op,
+    unavailable_reason,
+    unscale_all_finite_op,
+    use_onednn_layers,
+)
 from src.resnet import create_model
 from src.training.callbacks import TrainMonitor
 from src.training.checkpoint import EMA_PREFIX
@@ -145,6 +151,31 @@ def test_ema_equals_a_numpy_recurrence_of_the_raw_weights(initial):
     assert worst(got, raw[-1]) > 1e-3  # the last two updates averaged, so the EMA lags the raw weights
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+@pytest.mark.parametrize("loss_scale", [1.0, 1024.0])
+def test_one_momentum_op_moves_every_weight_as_mindspores_optimizer_bit_for_bit(initial, loss_scale):
+    """Our layers take nn.Momentum's step (unscale, check, weight decay, ApplyMomentum) in one
+    kernel: the weights, moments, step count and BatchNorm statistics equal those of MindSpore's
+    optimizer cell bit for bit, step after step."""
+    def trained(one_op: bool):
+        net = network(initial, freeze_bn=False)
+        use_onednn_layers(net)
+        checks = {"all_finite": all_finite_op(), "unscale_all_finite": unscale_all_finite_op()}
+        if one_op:
+            checks["momentum_step"] = momentum_step_op(len(net.trainable_params()))
+        step = train_step(net, loss_scale=loss_scale, **checks)
+        losses = [float(step(Tensor(images), Tensor(labels))[0].asnumpy()) for images, labels in batches(3, 8)]
+        return losses, values(step.get_parameters())
+
+    losses, expected = trained(one_op=False)
+    fused_losses, got = trained(one_op=True)
+    assert fused_losses == losses
+    assert got.keys() == expected.keys() and any(name.startswith("moments.") for name in got)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
 def test_ema_decay_adjustment_is_torchvisions():
     # torchvision's recipe: 8 GPUs x 128 images, every 32 steps, 600 epochs, decay 0.99998
     schedule = ema_schedule(decay=0.99998, every=32, world_size=8, batch_size=64, accumulation_steps=2,
@@ -156,15 +187,16 @@ def test_ema_decay_adjustment_is_torchvisions():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layers, freeze_bn", [("mindspore", True), ("onednn", True), ("onednn", False)],
-                         ids=["mindspore", "onednn", "onednn-batch-statistics"])
+@pytest.mark.parametrize("layers, freeze_bn", [("mindspore", True), ("onednn", True), ("onednn", False),
+                                               ("onednn-momentum-step", False)],
+                         ids=["mindspore", "onednn", "onednn-batch-statistics", "onednn-momentum-step"])
 def test_overflow_skips_the_update_and_leaves_nothing_behind(initial, layers, freeze_bn):
     """Dynamic loss scale: a batch with an inf gives non-finite gradients; the step must leave the
     weights, the optimizer state and the EMA as they were, halve the scale, and leave no partial
     accumulation: the run then continues exactly like a run that never saw that batch. With our
     CPU layers (blocked) the unscaling and the check are one op over every gradient; with batch statistics
     their kernel moves the BatchNorm statistics in place, and the skipped step puts them back."""
-    if layers == "onednn" and unavailable_reason():
+    if layers.startswith("onednn") and unavailable_reason():
         pytest.skip(unavailable_reason())
     schedule = EmaSchedule(alpha=0.5, every=1, steps_per_epoch=100, copy_until=-1)
     clean = batches(2, 8, seed=2)
@@ -175,9 +207,11 @@ def test_overflow_skips_the_update_and_leaves_nothing_behind(initial, layers, fr
         net = network(initial, freeze_bn=freeze_bn)
         net.set_train(True)
         checks = {}
-        if layers == "onednn":
+        if layers.startswith("onednn"):
             use_onednn_layers(net)
             checks = {"all_finite": all_finite_op(), "unscale_all_finite": unscale_all_finite_op()}
+        if layers == "onednn-momentum-step":
+            checks["momentum_step"] = momentum_step_op(len(net.trainable_params()))
         update = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 10, scale_factor=2, scale_window=1000)
         step = train_step(net, accumulation_steps=2, micro_batch=4, ema=schedule, loss_scale=2.0 ** 10,
                           scale_update=update, **checks)

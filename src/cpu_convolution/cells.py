@@ -182,6 +182,29 @@ def unscale_all_finite_op() -> ops.Custom:
     return _aot("UnscaleAllFinite", _unscaled_shapes, _unscaled_dtypes)
 
 
+@functools.lru_cache(maxsize=None)
+def momentum_step_op(count: int) -> ops.Custom:
+    """(factor, lr, momentum, decays [count], *gradients, *weights, *moments) -> [1]: MindSpore's
+    nn.Momentum step (its weight decay, then ApplyMomentum) over `count` float32 parameters with the
+    gradients times `factor` (1 / loss scale), taken only when all of those are finite (1.0; else 0.0
+    and nothing moves), in one kernel; the weights and moments are written in place, bit for bit what
+    MindSpore's kernels write."""
+    signature = (sig.make_sig("factor"), sig.make_sig("lr"), sig.make_sig("momentum"), sig.make_sig("decays"),
+                 *(sig.make_sig(f"gradient{i}") for i in range(count)),
+                 *(sig.make_sig(f"weight{i}", sig.sig_rw.RW_WRITE) for i in range(count)),
+                 *(sig.make_sig(f"moment{i}", sig.sig_rw.RW_WRITE) for i in range(count)))
+    written = type("MomentumStep", (_InputsWritten,), {"__mindspore_signature__": signature})
+    return written(f"{LIBRARY}:MomentumStep", out_shape=_one_value, out_dtype=_float32, func_type="aot")
+
+
+class _InputsWritten(ops.Custom):
+    """A Custom op that writes some inputs in place (its class's signature marks them RW_WRITE)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_prim_attr("side_effect_mem", True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Blocked layout between the layers of a ResNet.
 
@@ -205,7 +228,7 @@ def _norm_backward_shape(x, dy, mean, variance, gamma, params, workspace, y, res
 _norm_backward_dtypes = _norm_backward_shape  # dx as x, the statistics' gradients as gamma, dresidual as residual
 
 
-class _MovingStatisticsWritten(ops.Custom):
+class _MovingStatisticsWritten(_InputsWritten):
     """A Custom op that writes its inputs 3 and 4 (the moving mean and variance) in place, and says
     so as MindSpore's BatchNorm does (RW_WRITE, side_effect_mem). Moving them in the graph took two
     Assigns per BatchNorm, whose ordering made compiling a ResNet18 step 1.2 s longer."""
@@ -213,10 +236,6 @@ class _MovingStatisticsWritten(ops.Custom):
                                sig.make_sig("mean", sig.sig_rw.RW_WRITE),
                                sig.make_sig("variance", sig.sig_rw.RW_WRITE), sig.make_sig("params"),
                                sig.make_sig("residual"))
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.add_prim_attr("side_effect_mem", True)
 
 
 @functools.lru_cache(maxsize=None)

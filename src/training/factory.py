@@ -9,7 +9,7 @@ from mindspore import nn
 from mindspore.train import Model
 
 from src.config import Config
-from src.cpu_convolution import all_finite_op, unscale_all_finite_op, uses_onednn
+from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
 from src.dataset import create_train_input_stage
 from src.errors import UserInputError
 from src.resnet import create_model
@@ -130,6 +130,8 @@ def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSch
                                  momentum=cfg.momentum, norm_weight_decay=cfg.norm_weight_decay,
                                  bias_weight_decay=cfg.bias_weight_decay, use_nesterov=cfg.use_nesterov,
                                  lars_coefficient=cfg.lars_coefficient, lars_epsilon=cfg.lars_epsilon)
+    # nn.Momentum's whole step in one kernel of ours (clipping needs the gradients between the two)
+    one_momentum_op = ours and type(optimizer) is nn.Momentum and cfg.clip_grad_norm <= 0
     return TrainStep(NetWithLoss(mixed_precision_network(net, amp_level), loss), optimizer, net=net,
                      input_stage=input_stage,
                      loss_scale=loss_scale_manager.get_loss_scale() if loss_scale_manager else 1.0,
@@ -137,7 +139,8 @@ def create_train_step(cfg: Config, net, lrs: np.ndarray, *, ema: Optional[EmaSch
                      accumulation_steps=cfg.grad_accumulation_steps, micro_batch=cfg.batch_size,
                      clip_grad_norm=cfg.clip_grad_norm, ema=ema,
                      all_finite=all_finite_op() if ours else None,
-                     unscale_all_finite=unscale_all_finite_op() if ours else None)
+                     unscale_all_finite=unscale_all_finite_op() if ours else None,
+                     momentum_step=momentum_step_op(len(optimizer.parameters)) if one_momentum_op else None)
 
 
 def check_boost_mode(boost_mode: str) -> str:

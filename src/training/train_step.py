@@ -146,7 +146,8 @@ class TrainStep(nn.Cell):
                  input_stage: Optional[nn.Cell] = None, loss_scale: float = 1.0,
                  scale_update: Optional[nn.Cell] = None, accumulation_steps: int = 1, micro_batch: int = 0,
                  clip_grad_norm: float = 0.0, ema: Optional[EmaSchedule] = None,
-                 all_finite: Optional[nn.Cell] = None, unscale_all_finite: Optional[nn.Cell] = None):
+                 all_finite: Optional[nn.Cell] = None, unscale_all_finite: Optional[nn.Cell] = None,
+                 momentum_step: Optional[nn.Cell] = None):
         super().__init__(auto_prefix=False)
         self.input_stage = input_stage or ReadyInput()
         # One op over every gradient (1 when all are finite), or None: a check per gradient; and
@@ -154,6 +155,13 @@ class TrainStep(nn.Cell):
         # None: a multiplication per gradient, then the check.
         self.all_finite = all_finite
         self.unscale_all_finite = unscale_all_finite
+        # Or, for nn.Momentum without clipping, one op that also decays and updates the weights
+        # (src.cpu_convolution.momentum_step_op): (factor, lr, momentum, decays, *grads, *weights,
+        # *moments) -> 1 when the step was applied; the optimizer keeps its state, not its construct.
+        self.momentum_step = momentum_step
+        if momentum_step is not None:
+            self.decays = Tensor([float(decay) if flag else 0.0 for decay, flag in
+                                  zip(optimizer.group_weight_decay, optimizer.decay_flags)], ms.float32)
         self.network = net_with_loss
         self.network.set_grad()
         self.optimizer = optimizer
@@ -168,7 +176,7 @@ class TrainStep(nn.Cell):
         else:
             self.scale_sense = Tensor(loss_scale, ms.float32)
         self.accumulation_steps = accumulation_steps
-        if accumulation_steps > 1:
+        if accumulation_steps > 1 or momentum_step is not None:
             self.scaled_value_and_grad = ms.value_and_grad(self.scaled_loss, None, self.weights, has_aux=True)
         self.micro_batch = micro_batch
         self.clip = clip_grad_norm > 0
@@ -192,6 +200,10 @@ class TrainStep(nn.Cell):
 
     def gradients(self, images, labels, sens):
         """Mean loss and summed, still scaled, gradients over the micro-batches of one step."""
+        if self.momentum_step is not None and self.accumulation_steps == 1:
+            # With the weights written by an op of the step itself, GRAPH mode ran the loss's forward
+            # apart from the gradient's and moved the BatchNorm statistics twice: one pass.
+            return self.micro_batch_gradients(images, labels, sens)
         if self.accumulation_steps == 1:
             loss = self.network(images, labels)
             return loss, self.grad(self.network, self.weights)(images, labels, sens)
@@ -231,9 +243,21 @@ class TrainStep(nn.Cell):
         weight = ops.select(due, weight, Tensor(0.0, ms.float32))
         return self.hyper_map(ops.partial(_ema, weight), self.ema_params, self.raw_params)
 
+    def momentum_step_applied(self, grads, scale):
+        """The whole update in one op (see momentum_step): whether it was applied (all finite)."""
+        optimizer = self.optimizer
+        factor = ops.reshape(1 / scale, (1,)) if self.unscale else Tensor([1.0], ms.float32)
+        applied = self.momentum_step(factor, optimizer.get_lr(), optimizer.momentum, self.decays, *grads,
+                                     *self.weights, *optimizer.moments)
+        return applied[0] > 0.5
+
     def apply(self, grads, step):
-        """The optimizer update, then the EMA of the updated weights."""
-        done = self.optimizer(grads)
+        """The optimizer update (with momentum_step: its step count alone, the op has moved the
+        weights), then the EMA of the updated weights."""
+        if self.momentum_step is not None:
+            done = ops.assign_add(self.optimizer.global_step, self.optimizer.global_step_increase_tensor)
+        else:
+            done = self.optimizer(grads)
         if self.use_ema:
             done = ops.depend(done, self.update_ema(ops.depend(step, done)))
         return done
@@ -246,7 +270,9 @@ class TrainStep(nn.Cell):
         loss, grads = self.gradients(images, labels, scale)
         if self.reduce:
             grads = self.reducer(grads)  # once per optimizer step, also with accumulation
-        if self.unscale and self.unscale_all_finite is not None:
+        if self.momentum_step is not None:
+            overflow = ops.logical_not(self.momentum_step_applied(grads, scale))
+        elif self.unscale and self.unscale_all_finite is not None:
             unscaled = self.unscale_all_finite(ops.reshape(1 / scale, (1,)), *grads)
             grads, overflow = unscaled[:-1], unscaled[-1][0] < 0.5
         else:

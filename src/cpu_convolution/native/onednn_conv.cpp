@@ -881,6 +881,75 @@ int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, 
     return 0;
 }
 
+// One momentum SGD step over every parameter, as the training step with MindSpore's nn.Momentum takes
+// it, in two multi-threaded passes instead of five kernels per parameter. Inputs: the factor (1 / loss
+// scale), lr, momentum, the decays (one per parameter, 0: none), then n gradients, n weights and n
+// moments; the weights and moments are written in place. First every gradient times the factor is
+// checked; only when all are finite does each parameter move, with MindSpore's float32 operations in
+// its order (no fused multiply-add: the same bits): g = grad * factor; g = weight * decay + g where it
+// decays; moment = moment * momentum + g; weight = weight - lr * moment. The output: 1.0 when the step
+// was applied, 0.0 when a gradient was not finite and nothing moved.
+int momentum_step(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    std::lock_guard<std::mutex> guard(state().lock);
+    const int n = (nparam - 5) / 3;
+    bool ok = nparam == 3 * n + 5 && n > 0 && all_float32(nparam, dtypes) &&
+              element_count(ndims[3], shapes[3]) == n && element_count(ndims[nparam - 1], shapes[nparam - 1]) == 1;
+    for (int slot = 0; ok && slot < 3; ++slot) ok = element_count(ndims[slot], shapes[slot]) == 1;
+    for (int i = 0; ok && i < n; ++i) {
+        const int64_t count = element_count(ndims[4 + i], shapes[4 + i]);
+        ok = count == element_count(ndims[4 + n + i], shapes[4 + n + i]) &&
+             count == element_count(ndims[4 + 2 * n + i], shapes[4 + 2 * n + i]);
+    }
+    if (!ok)
+        return fail("MomentumStep", "", nparam, ndims, shapes, dtypes,
+                    "takes float32 factor, lr, momentum, n decays, n gradients, n weights and n moments of their "
+                    "shapes, returns one value");
+    const float factor = *static_cast<const float *>(params[0]), lr = *static_cast<const float *>(params[1]),
+                momentum = *static_cast<const float *>(params[2]);
+    const float *decays = static_cast<const float *>(params[3]);
+    float *applied = static_cast<float *>(params[nparam - 1]);
+    use_threads();
+    int bad = 0;
+    for (int i = 0; i < n && !bad; ++i) {
+        const int64_t count = element_count(ndims[4 + i], shapes[4 + i]);
+        const float *gradient = static_cast<const float *>(params[4 + i]);
+        int tensor_bad = 0;
+#pragma omp parallel for simd reduction(| : tensor_bad) if (count > (1 << 16))
+        for (int64_t j = 0; j < count; ++j) {
+            const float value = gradient[j] * factor;
+            uint32_t bits;
+            std::memcpy(&bits, &value, sizeof(bits));
+            tensor_bad |= inf_or_nan(bits);
+        }
+        bad |= tensor_bad;
+    }
+    *applied = bad ? 0.f : 1.f;
+    if (bad) return 0;
+    for (int i = 0; i < n; ++i) {
+        const int64_t count = element_count(ndims[4 + i], shapes[4 + i]);
+        const float *gradient = static_cast<const float *>(params[4 + i]);
+        float *weight = static_cast<float *>(params[4 + n + i]), *moment = static_cast<float *>(params[4 + 2 * n + i]);
+        const float decay = decays[i];
+        if (decay != 0.f) {
+#pragma omp parallel for simd if (count > (1 << 16))
+            for (int64_t j = 0; j < count; ++j) {
+                const float decayed = weight[j] * decay;
+                const float moved = moment[j] * momentum + (decayed + gradient[j] * factor);
+                moment[j] = moved;
+                weight[j] = weight[j] - lr * moved;
+            }
+        } else {
+#pragma omp parallel for simd if (count > (1 << 16))
+            for (int64_t j = 0; j < count; ++j) {
+                const float moved = moment[j] * momentum + gradient[j] * factor;
+                moment[j] = moved;
+                weight[j] = weight[j] - lr * moved;
+            }
+        }
+    }
+    return 0;
+}
+
 // A buffer for the probes below, 64-byte aligned and zeroed.
 std::unique_ptr<uint8_t, FreeDeleter> zeroed(size_t bytes) {
     const size_t rounded = (bytes + 63) / 64 * 64;
@@ -997,6 +1066,11 @@ EXPORT int AllFinite(int nparam, void **params, int *ndims, int64_t **shapes, co
 EXPORT int UnscaleAllFinite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                             void *) {
     return unscale_all_finite(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int MomentumStep(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                        void *) {
+    return momentum_step(nparam, params, ndims, shapes, dtypes);
 }
 
 // For the Python side (ctypes, library.py).
