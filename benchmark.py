@@ -81,7 +81,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="16x16 JPEGs for the per-process ceiling of the pipelines")
     parser.add_argument("--worker", choices=(*MINDSPORE_WORKERS, *TORCH_WORKERS, "pipelines", "storage", *ONNX_WORKERS),
                         help=argparse.SUPPRESS)
-    parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", choices=("onednn", "operators"), help=argparse.SUPPRESS)
     parser.add_argument("--photo_dir", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=positive_int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--onnx_files", help=argparse.SUPPRESS)

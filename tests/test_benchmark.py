@@ -52,6 +52,13 @@ def test_benchmark_writes_every_field(tmp_path):
         assert parts["step_ms"] > 0 and parts["convolutions"] > 0
         assert abs(sum(v for k, v in parts.items() if k != "step_ms") - parts["step_ms"]) < 0.5
     assert report["breakdown_ms"]["ours"]["normalization"] > 0  # BatchNorm runs in our oneDNN, blocked
+    # The rest op by op: MindSpore's optimizer kernels on its path; with ours, one op of the step's own cell
+    assert set(report["rest_of_step_ms"]) == set(report["breakdown_ms"])
+    for rest in report["rest_of_step_ms"].values():
+        assert {"other operators", "our layers outside oneDNN", "between operators"} <= set(rest)
+    assert report["rest_of_step_ms"]["mindspore"]["ApplyMomentum"] > 0
+    assert "ApplyMomentum" not in report["rest_of_step_ms"]["ours"]
+    assert report["rest_of_step_ms"]["ours"]["Custom:top cell"] > 0
     assert report["cpu"] and report["cpu"] != "unknown"
     # The headline: what train.py runs here, the precision amp would choose, GMAC/s against this CPU's peak.
     assert report["default_path"] == "ours" and report["amp_choice"]["path"] in ("ours", "ours_bf16")

@@ -59,7 +59,8 @@ def read_summary(path: str, steps: int) -> List[OperatorTime]:
 def custom_operators(detail_path: str) -> List[tuple]:
     """(op type, calls, ms) of the Custom operators in the CPU profiler's per-operator file, named
     by the cell class that runs them, backward apart: 'Custom:OneDnnConv2d', 'Custom:OneDnnConv2d
-    backward' (src/cpu_convolution's layers). Empty when the file is not there or has none."""
+    backward' (src/cpu_convolution's layers); 'Custom:top cell' for those of the graph's own cell (the
+    training step's optimizer and gradient check). Empty when the file is not there or has none."""
     if not os.path.isfile(detail_path):
         return []
     totals = {}
@@ -68,7 +69,7 @@ def custom_operators(detail_path: str) -> List[tuple]:
             if row.get("op_type") != "Custom":
                 continue
             scopes = row["full_op_name"].split("/")
-            cell = next((scope.rsplit("-", 1)[1] for scope in reversed(scopes[:-1]) if "-" in scope), "?")
+            cell = next((scope.rsplit("-", 1)[1] for scope in reversed(scopes[:-1]) if "-" in scope), "top cell")
             name = f"Custom:{cell}" + (" backward" if scopes[0] == "Gradients" else "")
             calls, ms = totals.get(name, (0.0, 0.0))
             totals[name] = (calls + float(row["op_occurrences"]), ms + float(row["op_total_time(ms)"]))

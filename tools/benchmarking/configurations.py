@@ -13,7 +13,7 @@ from tools.benchmarking.cpu_paths import MINDSPORE_WORKERS, TORCH_WORKERS, compu
 from tools.benchmarking.end_to_end import write_data
 from tools.benchmarking.onnx_runner import int8_files
 from tools.benchmarking.timing import median_of
-from tools.benchmarking.worker import Worker
+from tools.benchmarking.worker import Worker, progress
 
 
 def benchmark_configuration(net_name: str, batch: int, size: int, args: argparse.Namespace, data_root: str) -> Dict:
@@ -23,8 +23,10 @@ def benchmark_configuration(net_name: str, batch: int, size: int, args: argparse
               "workers": args.workers, "cpu_isa": args.cpu_isa,
               **cpu_capacity(net_name, batch, size, args.threads, args.cpu_isa)}
     workers = []
+    what = f"{net_name} {batch}x{size}"
     try:
         for framework in compute_paths(args.vs_torch, cpu_isa=args.cpu_isa):
+            progress(f"{what}: starting the {framework} process (its first step compiles)")
             workers.append(Worker(framework, net_name, batch, size, args))
         if importlib.util.find_spec("onnxruntime") is not None and not args.compute_only:
             folder = os.path.join(data_root, f"onnx_{net_name}_{batch}_{size}")
@@ -38,21 +40,26 @@ def benchmark_configuration(net_name: str, batch: int, size: int, args: argparse
                 workers.append(Worker("onnxruntime_int8", net_name, batch, size, args,
                                       ["--onnx_files", ",".join(int8_files(files, size))]))
         rounds: Dict[str, List[Dict]] = {worker.framework: [] for worker in workers}
-        for _ in range(args.repeats):
+        for repeat in range(args.repeats):
             for worker in workers:
+                progress(f"{what}: measuring {worker.framework}, repeat {repeat + 1} of {args.repeats}")
                 rounds[worker.framework].append(worker.ask("measure"))
         for worker in workers:
             report[worker.framework] = {**worker.first, **median_of(rounds[worker.framework])}
         data = {"pipeline_img_per_s": {}, "train_end_to_end_img_per_s": {}}
         if not args.compute_only:
+            progress(f"{what}: training end to end through the input pipelines")
             paths = write_data(os.path.join(data_root, f"{net_name}_{size}"), size,
                                images=(max(4, args.steps) + 2) * batch)
             data = workers[0].ask("data " + json.dumps(paths))
     finally:
         for worker in workers:
             worker.close()
-    report["breakdown_ms"] = {worker.framework: measure_breakdown(worker.framework, net_name, batch, size, args)
-                              for worker in workers if worker.framework in MINDSPORE_WORKERS}
+    report["breakdown_ms"], report["rest_of_step_ms"] = {}, {}
+    for path in [worker.framework for worker in workers if worker.framework in MINDSPORE_WORKERS]:
+        progress(f"{net_name} {batch}x{size}: one training step of {path} taken apart")
+        report["breakdown_ms"][path], report["rest_of_step_ms"][path] = measure_breakdown(path, net_name, batch,
+                                                                                          size, args)
     report["cpu"] = cpu_model()
     report["pipeline_img_per_s"] = data["pipeline_img_per_s"]
     report["mindspore"]["train_end_to_end_img_per_s"] = data["train_end_to_end_img_per_s"]

@@ -7,7 +7,7 @@ from typing import Dict, List, Tuple
 from tools.benchmarking.pipeline_data import write_pipeline_data
 from tools.benchmarking.pipelines import PHOTO_SIZE
 from tools.benchmarking.storage import storage_calls
-from tools.benchmarking.worker import entry_command, run_worker
+from tools.benchmarking.worker import entry_command, progress, run_worker
 
 CARD_IMG_PER_S = 2170  # the model zoo's ResNet50 on one Ascend 910 card: 118 ms per 256-image step
 
@@ -24,6 +24,7 @@ def benchmark_pipelines(args: argparse.Namespace, data_root: str) -> Dict:
     folders, files = write_pipeline_data(args, data_root)
     rows = []
     for cores, workers in pipeline_settings():
+        progress(f"input pipelines: {workers} worker(s) on {cores} core(s)")
         command = entry_command("--worker", "pipelines",
                                 "--photo_dir", json.dumps(folders), "--photos", str(args.photos),
                                 "--ceiling_images", str(args.ceiling_images), "--photo_batch", str(args.photo_batch),

@@ -90,11 +90,15 @@ def _cpu_path_rows(r: Dict) -> List[str]:
 
 
 def _breakdown_rows(r: Dict) -> List[str]:
-    """Each MindSpore path's training step taken apart."""
+    """Each MindSpore path's training step taken apart, then its rest op by op."""
     lines = []
     for name, parts in r.get("breakdown_ms", {}).items():
         lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(f"{part} {value:.0f} ms"
                                                                          for part, value in parts.items()))
+        rest = r.get("rest_of_step_ms", {}).get(name)
+        if rest:
+            lines.append("    the rest, op by op (MindSpore's profiler): " + ", ".join(
+                f"{part} {value:.1f}" for part, value in rest.items()) + " ms")
     return lines
 
 

@@ -26,7 +26,7 @@ def serve(args: argparse.Namespace) -> int:
     else:
         runner = torch_runner(args)
     if args.breakdown:
-        return serve_breakdown(runner)
+        return serve_breakdown(runner, args.breakdown)
 
     first = {"compile_s": runner.compile_seconds()}
     reply({**first, "model": runner.summary()} if args.worker in MINDSPORE_WORKERS else first)

@@ -5,12 +5,23 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Dict, List, Sequence
 
 REPLY = "BENCHMARK-REPLY "
 # The measuring processes are benchmark.py itself (its hidden --worker flags), run from the repository root.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENTRY = os.path.join(REPO, "benchmark.py")
+
+
+_STARTED = time.monotonic()
+
+
+def progress(message: str) -> None:
+    """A line on stderr, at once, with the minutes since the benchmark began: a run of many minutes
+    into a log file shows where it is (the tables go to stdout at the end)."""
+    elapsed = int(time.monotonic() - _STARTED)
+    print(f"benchmark [{elapsed // 60}:{elapsed % 60:02d}] {message}", file=sys.stderr, flush=True)
 
 
 def entry_command(*arguments: str) -> List[str]:
