@@ -111,8 +111,7 @@ class OneDnnConv2d(nn.Conv2d):
     """A Conv2d whose three kernels are this package's. Inputs of another float type (amp) are
     computed in float32 and returned in their own type; between blocked layers (`onednn_blocked`,
     a constant of the graph) the tensors are in the types the layers hand each other, uncast. In
-    evaluation mode the forward runs oneDNN's inference kernels, which keep the weights' reorder while
-    they are frozen (library.freeze_weights)."""
+    evaluation mode the forward keeps the weights' reorder while they are frozen (library.freeze_weights)."""
 
     def construct(self, x):
         params = self.onednn_params if self.training else self.onednn_inference_params
