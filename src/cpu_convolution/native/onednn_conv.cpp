@@ -742,7 +742,7 @@ Plan &cached_plan(State &s, const std::string &key, Make make) {
 // convolution of a 32 px ResNet layer takes on one core).
 constexpr int64_t kOneThreadMacs = 4 << 20, kOneThreadElements = 64 << 10;
 
-int plan_threads(Kind kind, int *ndims, int64_t **shapes, const void *raw) {
+int plan_threads(Kind kind, int *ndims, int64_t **shapes) {
     int64_t work = 0, limit = kOneThreadElements;
     if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
         // (x, y, w) slots: a convolution's multiply-accumulates are y's elements x w's per output channel
@@ -754,7 +754,6 @@ int plan_threads(Kind kind, int *ndims, int64_t **shapes, const void *raw) {
                                                        : shapes[conv_backward_weights::dy];
         work = element_count(4, y) * w[1] * w[2] * w[3];
         limit = kOneThreadMacs;
-        (void)raw;
     } else {
         work = element_count(ndims[0], shapes[0]);
     }
@@ -769,7 +768,7 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
         const std::string problem = arguments_problem(kind, nparam, params, ndims, shapes, dtypes);
         if (!problem.empty()) return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, problem);
         const void *raw = k.params_slot >= 0 ? params[k.params_slot] : "";
-        use_threads(plan_threads(kind, ndims, shapes, raw));
+        use_threads(plan_threads(kind, ndims, shapes));
         if (kind == kConvForward && !static_cast<const ConvParams *>(raw)->inference) g_frozen_version = 0;
         const int64_t workspace_bytes =
             k.workspace_slot >= 0 ? element_count(ndims[k.workspace_slot], shapes[k.workspace_slot]) : 0;
