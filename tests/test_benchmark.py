@@ -60,6 +60,9 @@ def test_benchmark_writes_every_field(tmp_path):
     assert "ApplyMomentum" not in report["rest_of_step_ms"]["ours"]
     assert report["rest_of_step_ms"]["ours"]["Custom:top cell"] > 0
     assert report["cpu"] and report["cpu"] != "unknown"
+    # progress while it runs: a line on stderr as each path's process starts and is measured
+    started = [line for line in result.stderr.splitlines() if line.startswith("benchmark [") and "starting" in line]
+    assert len(started) == len(paths)
     # The headline: what train.py runs here, the precision amp would choose, GMAC/s against this CPU's peak.
     assert report["default_path"] == "ours" and report["amp_choice"]["path"] in ("ours", "ours_bf16")
     assert report["peak_gmacs"]["float32"] > 0
