@@ -30,14 +30,15 @@ def serve_breakdown(runner, kind: str) -> int:
 
 
 def serve_operator_table(runner, steps: int = 4) -> int:
-    """Warm-up training steps, then `steps` under MindSpore's profiler; replies with the step's
-    milliseconds and each operator type's (src.training.profile_table, our layers by cell)."""
+    """Warm-up training steps, `steps` timed, then as many under MindSpore's profiler; prints the
+    timed step's milliseconds and each operator type's (src.training.profile_table, our layers by
+    cell). The profiler slows what runs between operators, not the operators themselves."""
     from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     from src.training.profile_table import find_summary, read_summary
     for _ in range(3):
         runner.train_step()
-    start = time.perf_counter()
+    start = time.perf_counter()  # unprofiled: the profiler's own work falls between operators
     for _ in range(steps):
         runner.train_step()
     step_ms = (time.perf_counter() - start) / steps * 1000
@@ -56,17 +57,14 @@ def serve_operator_table(runner, steps: int = 4) -> int:
     return 0
 
 
-def rest_by_operator(step_ms: float, operators: Dict[str, float], onednn_ms: float) -> Dict[str, float]:
-    """The rest of a step (what is not a oneDNN primitive) op by op, in ms: the NAMED_OPERATORS
-    costliest operators outside our layers, the others summed, our layers' time outside oneDNN
-    (their operators' time less the primitives' `onednn_ms`), and the time between operators (the
-    framework: `step_ms` less every operator's)."""
-    layers = sum(ms for name, ms in operators.items() if name.startswith(ONEDNN_OPERATORS))
+def rest_by_operator(step_ms: float, operators: Dict[str, float]) -> Dict[str, float]:
+    """The rest of a step (what is not a layer run by oneDNN) op by op, in ms, from one profiled
+    process: the NAMED_OPERATORS costliest operators outside the layers (ONEDNN_OPERATORS), the
+    others summed, and the time between operators (the framework: `step_ms` less every operator's)."""
     others = sorted(((ms, name) for name, ms in operators.items() if not name.startswith(ONEDNN_OPERATORS)),
                     reverse=True)
     rest = {name: round(ms, 1) for ms, name in others[:NAMED_OPERATORS]}
     rest["other operators"] = round(sum(ms for ms, _ in others[NAMED_OPERATORS:]), 1)
-    rest["our layers outside oneDNN"] = round(layers - onednn_ms, 1)
     rest["between operators"] = round(step_ms - sum(operators.values()), 1)
     return rest
 
@@ -131,8 +129,7 @@ def measure_breakdown(worker: str, net_name: str, batch: int, size: int,
     op (rest_by_operator), each in a process of its own."""
     kinds = step_breakdown(_breakdown_output("onednn", worker, net_name, batch, size, args))
     table = _operator_table(_breakdown_output("operators", worker, net_name, batch, size, args))
-    onednn_ms = kinds["step_ms"] - kinds["the rest"]
-    return [kinds, rest_by_operator(table["step_ms"], table["operators"], onednn_ms)]
+    return [kinds, rest_by_operator(table["step_ms"], table["operators"])]
 
 
 def _operator_table(text: str) -> Dict:
