@@ -4,6 +4,7 @@
         --checkpoint_file_path output/resnet50/cifar10/resnet50-90_1562.ckpt
 
 --use_ema True evaluates the checkpoint's EMA weights (ema.*, written with --model_ema True).
+--compression qat evaluates a checkpoint of train.py --compression qat (docs/compression.md).
 --model_file FILE evaluates an exported file instead (.onnx float or int8 from export.py, through
 onnxruntime; .mindir through MindSpore): the same dataset, transforms and counts, every sample once,
 so the accuracy of what is deployed is measured; its input size must equal eval_image_size. A file
@@ -29,6 +30,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from mindspore import nn
 
+from src.compression import check_compression, compression_convolutions
 from src.config import Config, load_config
 from src.data.host_stage import normalization_of
 from src.dataset import create_eval_dataset
@@ -59,6 +61,10 @@ def check_request(cfg: Config) -> None:
     if cfg.summary and cfg.model_file:
         raise UserInputError("--summary True describes a checkpoint's network; pass --checkpoint_file_path "
                              "(an exported file has no network to count)")
+    check_compression(cfg.compression)
+    if cfg.compression != "none" and cfg.model_file:
+        raise UserInputError("--compression describes a checkpoint's network; an exported file is evaluated as it "
+                             "is, drop --compression")
 
 
 def model_file_predictor(cfg: Config) -> Callable[[np.ndarray], np.ndarray]:
@@ -84,7 +90,7 @@ def model_file_predictor(cfg: Config) -> Callable[[np.ndarray], np.ndarray]:
 def load_network(cfg: Config, rank: int, convolutions: str = "mindspore") -> nn.Cell:
     """The checkpoint's network (its summary printed first with --summary True)."""
     net = network_from_checkpoint(cfg.net_name, cfg.class_num, cfg.checkpoint_file_path, use_ema=cfg.use_ema,
-                                  convolutions=convolutions)
+                                  convolutions=convolutions, compression=cfg.compression)
     if cfg.summary and rank == 0:
         print(summary_line(cfg.net_name, model_summary(net, image_size=cfg.eval_image_size,
                                                        checkpoint_bytes=os.path.getsize(cfg.checkpoint_file_path))),
@@ -96,13 +102,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(argv, prog="eval.py")
     check_request(cfg)
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
+    cpu_convolution, compression_note = compression_convolutions(cfg.compression, cfg.cpu_convolution,
+                                                                 cfg.device_target)
     convolutions, convolutions_note, _ = set_up_runtime(
-        cfg.device_target, cpu_convolution=cfg.cpu_convolution, mode_name=cfg.mode_name,
+        cfg.device_target, cpu_convolution=cpu_convolution, mode_name=cfg.mode_name,
         device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
         processes_per_node=local_ranks)
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
-    for note in cfg.notes + [line for line in (workers_note, convolutions_note) if line]:
+    for note in cfg.notes + [line for line in (workers_note, compression_note, convolutions_note) if line]:
         print(note, flush=True)
     dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size)
     run = model_file_predictor(cfg) if cfg.model_file else None

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Optional, Sequence, Tuple
 
+from src.compression import compression_convolutions
 from src.config import Config, load_config, run_dir, save_config
 from src.data.image_decode import partial_decoder
 from src.dataset import create_eval_dataset, set_start_epoch
@@ -59,8 +60,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_step_keys(cfg)
     check_output_storage(cfg.output_storage)
     local_ranks = local_rank_count(cfg.run_distribute, cfg.device_num)
+    cpu_convolution, compression_note = compression_convolutions(cfg.compression, cfg.cpu_convolution,
+                                                                 cfg.device_target)
     convolutions, convolutions_note, _ = set_up_runtime(
-        cfg.device_target, cpu_convolution=cfg.cpu_convolution, mode_name=cfg.mode_name,
+        cfg.device_target, cpu_convolution=cpu_convolution, mode_name=cfg.mode_name,
         device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
         processes_per_node=local_ranks, amp_level=resolve_amp_level(cfg.amp_level, cfg.device_target),
         optimizer=cfg.optimizer, cpu_amp_dtype=cfg.cpu_amp_dtype,
@@ -71,7 +74,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     writer = writes_run_folder(rank, local_ranks, cfg.output_storage)
     log = print if rank == 0 else (lambda message: print(f"[rank {rank}] {message}", flush=True))
     cfg.num_parallel_workers, workers_note = cap_workers(cfg.num_parallel_workers, local_ranks)
-    for note in cfg.notes + [line for line in (workers_note, convolutions_note) if line]:
+    for note in cfg.notes + [line for line in (workers_note, compression_note, convolutions_note) if line]:
         log(note)
     if cfg.check_data and rank == 0:
         check_data(cfg, log)

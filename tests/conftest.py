@@ -95,9 +95,9 @@ def trained_once(tmp_path_factory, args: List[str]) -> Tuple[Path, str]:
 # The modules that take longest (seconds of one worker, measured), started first so that no long
 # module is left for one worker at the end while the other idles (scripts/run_tests.sh passes
 # --no-loadscope-reorder so xdist keeps this order).
-LONGEST_FIRST = ("test_resume", "test_distributed", "test_train_parity", "test_convert_torch", "test_export",
-                 "test_report", "test_quantize", "test_end_to_end", "test_multinode", "test_benchmark", "test_zoo",
-                 "test_zoo_configs", "test_faults", "test_watch", "test_checkpoint_files")
+LONGEST_FIRST = ("test_resume", "test_distributed", "test_train_parity", "test_compression", "test_convert_torch",
+                 "test_export", "test_report", "test_quantize", "test_end_to_end", "test_multinode", "test_benchmark",
+                 "test_zoo", "test_zoo_configs", "test_faults", "test_watch", "test_checkpoint_files")
 
 
 def pytest_collection_modifyitems(items):

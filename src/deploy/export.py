@@ -9,6 +9,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 import mindspore as ms
 import numpy as np
 
+from src.compression import QAT, check_compression
 from src.config import Config
 from src.data.host_stage import Normalization, host_normalize
 from src.dataset import create_dataset
@@ -194,12 +195,29 @@ class ExportRequest(NamedTuple):
     calibration: Optional[Calibration]
 
 
+def check_export_compression(cfg: Config, file_format: str) -> None:
+    """A QAT checkpoint exports as MINDIR only, unverified: its converted network carries the
+    quantization ranges as FakeQuantParam, which only MindSpore Lite's converter reads."""
+    check_compression(cfg.compression)
+    if cfg.compression != QAT:
+        return
+    if file_format != "MINDIR":
+        raise UserInputError(f"compression qat exports MINDIR only (MindSpore's {file_format} export has no "
+                             f"FakeQuantParam, the quantization ranges); pass --file_format MINDIR, or export the "
+                             f"float checkpoint with --file_format ONNX --quantize int8")
+    if cfg.verify:
+        raise UserInputError("--verify runs the file in MindSpore, which has no kernel for the quantization ranges "
+                             "(FakeQuantParam) of a converted QAT network; drop --verify and evaluate the "
+                             "checkpoint with eval.py --compression qat")
+
+
 def check_export_request(cfg: Config) -> ExportRequest:
     """Every check of an export request, in one place and before any device or checkpoint is
     touched; int8's calibration images are read here, so bad calibration data fails first too."""
     if not cfg.checkpoint_file_path:
         raise UserInputError("no checkpoint given; pass --checkpoint_file_path path/to/model.ckpt")
     file_format = check_format(cfg)
+    check_export_compression(cfg, file_format)
     check_sizes(cfg)
     height, width = cfg.height or cfg.eval_image_size, cfg.width or cfg.eval_image_size
     dynamic = cfg.dynamic_batch and file_format in DYNAMIC_FORMATS

@@ -33,7 +33,8 @@ def check_replay_ranks(args: argparse.Namespace, cfg: Config) -> None:
 def find_nonfinite(cfg: Config, args: argparse.Namespace, log) -> int:
     """Replay global step --step's batch on --ckpt and say where it first goes non-finite. Prints
     the finding as one JSON line; returns the exit code (0 finite, 1 not)."""
-    net = network_from_checkpoint(cfg.net_name, cfg.class_num, args.ckpt, convolutions=args.convolutions, log=log)
+    net = network_from_checkpoint(cfg.net_name, cfg.class_num, args.ckpt, convolutions=args.convolutions,
+                                  compression=cfg.compression, log=log)
     mixed_precision_network(net, resolve_amp_level(cfg.amp_level, cfg.device_target))
     batch = (read_batches(args.batches, 1, cfg, first=args.step - 1) if args.batches
              else host_batches(cfg, args.rank, max(args.ranks, 1), first=args.step - 1, count=1))[0]

@@ -11,6 +11,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, nn
 
+from src.compression import NONE, QAT, check_checkpoint_compression
+from src.compression.qat import apply_qat
 from src.errors import UserInputError
 from src.files import atomic_target
 from src.resnet import create_model
@@ -247,11 +249,14 @@ def raise_if_mismatched(problems: Dict[str, List[str]], path: str, what: str, hi
 
 
 def load_into_network(net: nn.Cell, path: str, what: str = "the network",
-                      log: Callable[[str], None] = print, use_ema: bool = False) -> Dict[str, Parameter]:
+                      log: Callable[[str], None] = print, use_ema: bool = False,
+                      compression: str = NONE) -> Dict[str, Parameter]:
     """Load every network parameter from `path` (this repo's or the model zoo's names; its EMA weights
-    with `use_ema`); any mismatch is one error line listing names. Returns the loaded tensors under
-    this repo's names."""
+    with `use_ema`); any mismatch is one error line listing names, a float checkpoint for a QAT
+    network (`compression`) or the other way round one line naming the fix. Returns the loaded
+    tensors under this repo's names."""
     checkpoint = read_checkpoint(path)
+    check_checkpoint_compression(checkpoint, path, compression)
     if use_ema:
         params, note = ema_part(checkpoint), None
         if not params:
@@ -268,18 +273,28 @@ def load_into_network(net: nn.Cell, path: str, what: str = "the network",
 
 
 def network_from_checkpoint(net_name: str, class_num: int, path: str, *, use_ema: bool = False,
-                            convolutions: str = "mindspore", log: Callable[[str], None] = print) -> nn.Cell:
-    """A new `net_name` network with `class_num` classes, holding the weights of `path` (its EMA
-    weights with `use_ema`); a checkpoint of another network is one error line."""
+                            convolutions: str = "mindspore", compression: str = NONE,
+                            log: Callable[[str], None] = print) -> nn.Cell:
+    """A new `net_name` network with `class_num` classes (quantization-aware with `compression`
+    qat), holding the weights of `path` (its EMA weights with `use_ema`); a checkpoint of another
+    network is one error line."""
     net = create_model(net_name, num_classes=class_num, convolutions=convolutions)
-    load_into_network(net, path, what=f"{net_name} with class_num {class_num}", log=log, use_ema=use_ema)
+    if compression == QAT:
+        apply_qat(net)
+    load_into_network(net, path, what=f"{net_name} with class_num {class_num}", log=log, use_ema=use_ema,
+                      compression=compression)
     return net
 
+
 def load_pretrained(net: nn.Cell, path: str, *, head: Sequence[str], filter_weight: bool,
-                    what: str, log: Callable[[str], None] = print) -> List[str]:
-    """Load a pre-trained backbone (this repo's or the model zoo's names). With `filter_weight`, the
-    head (`head` names) is skipped and keeps its fresh initialization. Returns the skipped descriptions."""
-    params, note = network_params(read_checkpoint(path), path)
+                    what: str, log: Callable[[str], None] = print, compression: str = NONE) -> List[str]:
+    """Load a pre-trained backbone (this repo's or the model zoo's names) into the float network: a
+    QAT checkpoint is one error line (`compression`: the run's, which decides the fix). With
+    `filter_weight`, the head (`head` names) is skipped and keeps its fresh initialization. Returns
+    the skipped descriptions."""
+    checkpoint = read_checkpoint(path)
+    check_checkpoint_compression(checkpoint, path, compression, pre_trained=True)
+    params, note = network_params(checkpoint, path)
     skipped = []
     if filter_weight:
         skipped = [f"{name} {tuple(params[name].shape)}" for name in head if name in params]

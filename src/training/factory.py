@@ -8,6 +8,8 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Model
 
+from src.compression import QAT, check_compression
+from src.compression.qat import apply_qat
 from src.config import Config
 from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
 from src.dataset import create_train_input_stage
@@ -52,7 +54,8 @@ def create_schedule(cfg: Config, steps_per_epoch: int, log=print) -> np.ndarray:
 
 
 def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> nn.Cell:
-    """The config's network, its pre-trained weights loaded and its backbone frozen where asked."""
+    """The config's network, its pre-trained weights loaded, its backbone frozen where asked, and
+    with `compression: qat` made quantization-aware after the float weights are in."""
     if cfg.freeze_backbone and not cfg.pre_trained:
         raise UserInputError("freeze_backbone True trains only the head on top of pre-trained features; pass "
                              "--pre_trained CKPT (with --filter_weight True for another class_num)")
@@ -62,9 +65,14 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
     if cfg.pre_trained:
         skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
                                   filter_weight=cfg.filter_weight,
-                                  what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log)
+                                  what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log,
+                                  compression=cfg.compression)
         log(f"loaded pre-trained weights from {cfg.pre_trained}"
             + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""))
+    if cfg.compression == QAT:
+        apply_qat(net)
+        log("compression qat: Golden Stick's SimQAT cells around every convolution and the fc head (int8 weights "
+            "per channel, activations per tensor); checkpoints hold the quantization-aware network")
     if cfg.freeze_backbone:
         total, trained = parameter_counts(net)
         log(f"freeze_backbone: training the head only ({trained:,} of {total:,} values); BatchNorm in "
@@ -93,7 +101,9 @@ def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
 
 
 def check_step_keys(cfg: Config) -> None:
-    """The optimizer and EMA keys, checked before any work (ranges are checked at load)."""
+    """The compression, optimizer and EMA keys, checked before any work (ranges are checked at load)."""
+    check_compression(cfg.compression, optimizer=cfg.optimizer, freeze_backbone=cfg.freeze_backbone,
+                      pre_trained=cfg.pre_trained)
     if cfg.optimizer == THOR:  # its own training path, Ascend/GPU only
         check_thor(cfg)
         return
@@ -153,5 +163,7 @@ def check_boost_mode(boost_mode: str) -> str:
 def create_ema_twin(cfg: Config, convolutions: str = "mindspore") -> nn.Cell:
     """A second network, in the same precision, that evaluation loads the EMA weights into."""
     twin = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
+    if cfg.compression == QAT:
+        apply_qat(twin)
     mixed_precision_network(twin, network_amp_level(cfg, twin))
     return twin

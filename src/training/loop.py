@@ -134,7 +134,7 @@ def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, write
         return
     if found:  # into the trained network (training is over): no second network to build
         load_into_network(net, best, what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log,
-                          use_ema=cfg.model_ema)  # best.ckpt follows the EMA when there is one
+                          use_ema=cfg.model_ema, compression=cfg.compression)  # best.ckpt follows the EMA if any
     result, report = evaluate_with_report(net, eval_dataset, num_classes=cfg.class_num, group_size=group_size)
     if writer:
         write_best_report(cfg, result, report, eval_dataset, folder=folder,
