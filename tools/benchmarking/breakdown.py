@@ -9,6 +9,8 @@ import tempfile
 import time
 from typing import Dict, List
 
+import numpy as np
+
 from tools.benchmarking.worker import REPO, entry_command
 
 BREAKDOWN_MARK = "BREAKDOWN "
@@ -30,18 +32,20 @@ def serve_breakdown(runner, kind: str) -> int:
 
 
 def serve_operator_table(runner, steps: int = 4) -> int:
-    """Warm-up training steps, `steps` timed, then as many under MindSpore's profiler; prints the
-    timed step's milliseconds and each operator type's (src.training.profile_table, our layers by
-    cell). The profiler slows what runs between operators, not the operators themselves."""
+    """Warm-up training steps, 2 x `steps` timed one by one, then `steps` under MindSpore's profiler;
+    prints the median timed step's milliseconds and each operator type's (src.training.profile_table,
+    our layers by cell). The profiler slows what runs between operators, not the operators themselves."""
     from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     from src.training.profile_table import find_summary, read_summary
     for _ in range(3):
         runner.train_step()
-    start = time.perf_counter()  # unprofiled: the profiler's own work falls between operators
-    for _ in range(steps):
+    timings = []  # unprofiled (the profiler's own work falls between operators), the median of single steps
+    for _ in range(2 * steps):
+        start = time.perf_counter()
         runner.train_step()
-    step_ms = (time.perf_counter() - start) / steps * 1000
+        timings.append(time.perf_counter() - start)
+    step_ms = float(np.median(timings)) * 1000
     with tempfile.TemporaryDirectory(prefix="benchmark-profile-") as folder:
         profiler = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(folder),
                            schedule=schedule(wait=0, warmup=1, active=steps, repeat=1, skip_first=0),
