@@ -55,7 +55,7 @@ def test_benchmark_writes_every_field(tmp_path):
     # The rest op by op: MindSpore's optimizer kernels on its path; with ours, one op of the step's own cell
     assert set(report["rest_of_step_ms"]) == set(report["breakdown_ms"])
     for rest in report["rest_of_step_ms"].values():
-        assert {"other operators", "between operators"} <= set(rest)
+        assert "other operators" in rest and all(ms >= 0 for ms in rest.values())
     assert report["rest_of_step_ms"]["mindspore"]["ApplyMomentum"] > 0
     assert "ApplyMomentum" not in report["rest_of_step_ms"]["ours"]
     assert report["rest_of_step_ms"]["ours"]["Custom:top cell"] > 0

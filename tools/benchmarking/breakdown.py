@@ -9,8 +9,6 @@ import tempfile
 import time
 from typing import Dict, List
 
-import numpy as np
-
 from tools.benchmarking.worker import REPO, entry_command
 
 BREAKDOWN_MARK = "BREAKDOWN "
@@ -32,20 +30,13 @@ def serve_breakdown(runner, kind: str) -> int:
 
 
 def serve_operator_table(runner, steps: int = 4) -> int:
-    """Warm-up training steps, 2 x `steps` timed one by one, then `steps` under MindSpore's profiler;
-    prints the median timed step's milliseconds and each operator type's (src.training.profile_table,
-    our layers by cell). The profiler slows what runs between operators, not the operators themselves."""
+    """Warm-up training steps, then `steps` under MindSpore's profiler; prints each operator type's
+    milliseconds per step (src.training.profile_table, our layers by cell)."""
     from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     from src.training.profile_table import find_summary, read_summary
     for _ in range(3):
         runner.train_step()
-    timings = []  # unprofiled (the profiler's own work falls between operators), the median of single steps
-    for _ in range(2 * steps):
-        start = time.perf_counter()
-        runner.train_step()
-        timings.append(time.perf_counter() - start)
-    step_ms = float(np.median(timings)) * 1000
     with tempfile.TemporaryDirectory(prefix="benchmark-profile-") as folder:
         profiler = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(folder),
                            schedule=schedule(wait=0, warmup=1, active=steps, repeat=1, skip_first=0),
@@ -56,20 +47,19 @@ def serve_operator_table(runner, steps: int = 4) -> int:
             profiler.step()
         profiler.stop()
         rows = read_summary(find_summary(folder), steps)
-    print(BREAKDOWN_MARK + json.dumps({"step_ms": step_ms, "operators": {row.op_type: row.ms_per_step
-                                                                        for row in rows}}), flush=True)
+    print(BREAKDOWN_MARK + json.dumps({"operators": {row.op_type: row.ms_per_step for row in rows}}), flush=True)
     return 0
 
 
-def rest_by_operator(step_ms: float, operators: Dict[str, float]) -> Dict[str, float]:
-    """The rest of a step (what is not a layer run by oneDNN) op by op, in ms, from one profiled
-    process: the NAMED_OPERATORS costliest operators outside the layers (ONEDNN_OPERATORS), the
-    others summed, and the time between operators (the framework: `step_ms` less every operator's)."""
+def rest_by_operator(operators: Dict[str, float]) -> Dict[str, float]:
+    """The operators of the rest of a step (those outside the layers that oneDNN runs,
+    ONEDNN_OPERATORS), ms per step: the NAMED_OPERATORS costliest by name, the others summed. (The
+    time between operators is left out: the profiler slows it several-fold and its operators' own
+    times by a little, so neither the profiled nor an unprofiled step gives it reliably.)"""
     others = sorted(((ms, name) for name, ms in operators.items() if not name.startswith(ONEDNN_OPERATORS)),
                     reverse=True)
     rest = {name: round(ms, 1) for ms, name in others[:NAMED_OPERATORS]}
     rest["other operators"] = round(sum(ms for ms, _ in others[NAMED_OPERATORS:]), 1)
-    rest["between operators"] = round(step_ms - sum(operators.values()), 1)
     return rest
 
 
@@ -133,7 +123,7 @@ def measure_breakdown(worker: str, net_name: str, batch: int, size: int,
     op (rest_by_operator), each in a process of its own."""
     kinds = step_breakdown(_breakdown_output("onednn", worker, net_name, batch, size, args))
     table = _operator_table(_breakdown_output("operators", worker, net_name, batch, size, args))
-    return [kinds, rest_by_operator(table["step_ms"], table["operators"])]
+    return [kinds, rest_by_operator(table["operators"])]
 
 
 def _operator_table(text: str) -> Dict:
