@@ -1,0 +1,95 @@
+"""Structured channel pruning of a trained ResNet's residual blocks (issue 57, pruning; first part).
+
+Golden Stick 1.3.0's pruners were tried on this repository's resnet18 on CPU (docs/compression.md):
+UniPruner's graph analyzer pruned the stem and the residual streams but left layer1's convolutions
+at 64 input channels, so the pruned network failed at its first block; SCOP (PrunerKfCompressAlgo)
+only wraps conv+BN pairs in knockoff cells for its own training scheme. So channels are removed
+here, in the spirit of L1-filter pruning: only the INNER channels of each block (the outputs of
+conv1 in BasicBlock, of conv1 and conv2 in Bottleneck, with their BatchNorms and the next
+convolution's inputs), so every residual addition keeps its shape. Filters are ranked by the L1
+norm of their weights: it needs no BatchNorm statistics and is the criterion UniPruner and SCOP
+also start from. Kept counts are multiples of 16 where possible (the oneDNN CPU layers block
+channels by 16).
+"""
+from typing import List
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn
+
+from src.errors import UserInputError
+from src.resnet import BasicBlock, Bottleneck, batch_norm, conv2d
+
+BLOCK = 16
+
+
+def kept_channels(channels: int, prune_ratio: float) -> int:
+    """How many of `channels` stay: (1 - prune_ratio) of them, rounded to a multiple of 16 when that
+    leaves at least 16, never 0 and never more than `channels`."""
+    if not 0.0 < prune_ratio < 1.0:
+        raise UserInputError(f"prune_ratio must be between 0 and 1 (exclusive), got {prune_ratio}")
+    keep = max(1, int(round(channels * (1.0 - prune_ratio))))
+    if keep >= BLOCK:
+        keep = max(BLOCK, int(round(keep / BLOCK)) * BLOCK)
+    return min(keep, channels)
+
+
+def _l1_order(conv: nn.Conv2d, keep: int) -> np.ndarray:
+    """The `keep` output filters of `conv` with the largest L1 norms, in their original order."""
+    weight = conv.weight.asnumpy()
+    norms = np.abs(weight).reshape(weight.shape[0], -1).sum(axis=1)
+    return np.sort(np.argsort(-norms, kind="stable")[:keep])
+
+
+def _set(param: Parameter, values: np.ndarray) -> None:
+    param.set_data(Tensor(np.ascontiguousarray(values, dtype=np.float32)))
+
+
+def _pruned_pair(conv: nn.Conv2d, bn: nn.BatchNorm2d, idx: np.ndarray, stride: int, group: int):
+    """A copy of conv (its output filters `idx`) and bn (the same channels)."""
+    new_conv = conv2d(conv.in_channels, len(idx), conv.kernel_size[0], stride, group)
+    _set(new_conv.weight, conv.weight.asnumpy()[idx])
+    new_bn = batch_norm(len(idx), eps=bn.eps)
+    for name in ("gamma", "beta", "moving_mean", "moving_variance"):
+        _set(getattr(new_bn, name), getattr(bn, name).asnumpy()[idx])
+    return new_conv, new_bn
+
+
+def _narrowed_input(conv: nn.Conv2d, idx: np.ndarray, stride: int) -> nn.Conv2d:
+    """A copy of conv that reads only the input channels `idx`."""
+    new_conv = conv2d(len(idx), conv.out_channels, conv.kernel_size[0], stride)
+    _set(new_conv.weight, conv.weight.asnumpy()[:, idx])
+    return new_conv
+
+
+def _stride(conv: nn.Conv2d) -> int:
+    return conv.stride[2] if len(conv.stride) == 4 else conv.stride[0]
+
+
+def prune_blocks(net: nn.Cell, prune_ratio: float) -> List[int]:
+    """Remove `prune_ratio` of the inner channels of every BasicBlock/Bottleneck of `net`, in place,
+    and return the inner widths kept, block by block (two per Bottleneck: conv1's, then conv2's)."""
+    widths: List[int] = []
+    blocks = [cell for _, cell in net.cells_and_names() if isinstance(cell, (BasicBlock, Bottleneck))]
+    if not blocks:
+        raise UserInputError("compression prune needs a torchvision-family ResNet (BasicBlock or Bottleneck blocks)")
+    for block in blocks:
+        if not isinstance(block.conv1, nn.Conv2d) or type(block.conv1) is not nn.Conv2d:
+            raise UserInputError("compression prune works on nn.Conv2d layers: prune before choosing oneDNN layers")
+        if isinstance(block, BasicBlock):
+            idx = _l1_order(block.conv1, kept_channels(block.conv1.out_channels, prune_ratio))
+            block.conv1, block.bn1 = _pruned_pair(block.conv1, block.bn1, idx, _stride(block.conv1), 1)
+            block.conv2 = _narrowed_input(block.conv2, idx, _stride(block.conv2))
+            widths.append(len(idx))
+        else:
+            if block.conv2.group != 1:
+                raise UserInputError("compression prune does not prune grouped convolutions (ResNeXt)")
+            idx1 = _l1_order(block.conv1, kept_channels(block.conv1.out_channels, prune_ratio))
+            block.conv1, block.bn1 = _pruned_pair(block.conv1, block.bn1, idx1, _stride(block.conv1), 1)
+            conv2 = _narrowed_input(block.conv2, idx1, _stride(block.conv2))
+            idx2 = _l1_order(conv2, kept_channels(conv2.out_channels, prune_ratio))
+            block.conv2, block.bn2 = _pruned_pair(conv2, block.bn2, idx2, _stride(conv2), 1)
+            block.conv3 = _narrowed_input(block.conv3, idx2, _stride(block.conv3))
+            widths += [len(idx1), len(idx2)]
+    for name, param in net.parameters_and_names():  # the new cells' parameters take their full names
+        param.name = name
+    return widths
