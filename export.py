@@ -32,6 +32,10 @@ top1_agreement, max_abs_logit, tolerance, quantization.
 Golden Stick's convert turns its fake quantizers into quantization ranges (FakeQuantParam) that
 MindSpore Lite's converter reads to run int8 (docs/compression.md).
 
+--compression prune exports a checkpoint of train.py --compression prune: the network is rebuilt
+to the widths its checkpoint's weights have, then exported as a float one (every format,
+--verify, --quantize int8).
+
 --quantize int8 (ONNX only; needs onnx and onnxruntime) writes the int8 model instead of the float
 one (default NAME: net_name_int8): onnxruntime's static quantization, QDQ format, int8 weights per
 output channel, uint8 activations whose ranges are calibrated (--calibration_method minmax, entropy

@@ -2,6 +2,7 @@
 
     python train.py --config_path config/resnet50_cifar10.yaml --data_path /data/cifar-10-batches-bin
     python train.py --config_path ... --resume True          # continue the run in its run folder
+    python train.py --config_path ... --pre_trained CKPT --compression prune|qat   # docs/compression.md
     bash scripts/run_distribute_train.sh DATASET_PATH CONFIG_PATH --workers 8
     python train.py --help                                   # every config key, its type and default
 """

@@ -448,8 +448,7 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
         raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(NET_NAMES)}")
     if conv_init not in CONV_INITS:
         raise UserInputError(f"unknown conv_init '{conv_init}'; choose one of {', '.join(CONV_INITS)}")
-    if convolutions not in IMPLEMENTATIONS:
-        raise UserInputError(f"unknown convolutions '{convolutions}'; choose one of {', '.join(IMPLEMENTATIONS)}")
+    check_convolutions(convolutions)
     if dense_init not in DENSE_INITS:
         raise UserInputError(f"unknown dense_init '{dense_init}'; choose one of {', '.join(DENSE_INITS)}")
     net = SEResNet50(num_classes) if net_name == "se-resnet50" else _torchvision_family(net_name, num_classes)
@@ -458,6 +457,20 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
         freeze_batch_norm(net)
     if freeze_backbone:
         train_head_only(net)
+    return use_convolutions(net, convolutions)
+
+
+def check_convolutions(convolutions: str) -> None:
+    """`convolutions` is one of src.cpu_convolution.IMPLEMENTATIONS."""
+    if convolutions not in IMPLEMENTATIONS:
+        raise UserInputError(f"unknown convolutions '{convolutions}'; choose one of {', '.join(IMPLEMENTATIONS)}")
+
+
+def use_convolutions(net: Classifier, convolutions: str) -> Classifier:
+    """`net` (built with nn.Conv2d) computing with `convolutions`, in place: this repository's oneDNN
+    layers swapped in for 'onednn' and 'onednn-bf16', nothing changed for 'mindspore'. Separate from
+    create_model so that a network can change shape first (pruning narrows nn.Conv2d cells)."""
+    check_convolutions(convolutions)
     if convolutions != "mindspore":
         use_onednn_layers(net, bf16=convolutions == "onednn-bf16")
     return net

@@ -172,6 +172,18 @@ def folder_dir(sample_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def float_ckpt(tmp_path_factory) -> Path:
+    """A float checkpoint of resnet10 with 10 classes, what compression starts from (fresh weights:
+    the tests of compression's wiring do not depend on them)."""
+    import mindspore as ms
+
+    from src.resnet import create_model
+    path = tmp_path_factory.mktemp("float") / "float.ckpt"
+    ms.save_checkpoint(create_model("resnet10", num_classes=10), str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
 def sample_run(tmp_path_factory, cifar_dir) -> Tuple[Path, str]:
     """Two epochs of the sample config on resnet10, the smallest of the family (12 steps each,
     clipping on) with evaluation, its report, and the profiler over 3 steps: the run folder and

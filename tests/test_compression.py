@@ -33,17 +33,6 @@ ONE_LINE = "error: "
 
 
 @pytest.fixture(scope="module")
-def float_ckpt(tmp_path_factory) -> Path:
-    """A float checkpoint of resnet10 (fresh weights: what QAT starts from does not matter here)."""
-    import mindspore as ms
-
-    from src.resnet import create_model
-    path = tmp_path_factory.mktemp("float") / "float.ckpt"
-    ms.save_checkpoint(create_model(NET, num_classes=10), str(path))
-    return path
-
-
-@pytest.fixture(scope="module")
 def qat_run(tmp_path_factory, cifar_dir, float_ckpt):
     """One epoch of QAT fine-tuning: its run folder and stdout."""
     out = tmp_path_factory.mktemp("qat")
@@ -123,22 +112,29 @@ def test_the_cpu_fake_quantizer_rounds_as_the_kernels_and_passes_gradients_insid
     np.testing.assert_allclose(per_channel[1].asnumpy(), np.maximum(x.max(axis=(0, 2, 3)), 0))
 
 
+def train_two_ranks(cifar_dir: Path, out: Path, port: int, *extra: str) -> str:
+    """TRAIN through msrun on 2 CPU ranks of batch 8 (the same 12 steps), with `extra` options: both
+    ranks end at step 12 with the same trainable weights. Returns the launcher's stdout."""
+    launched = run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers", "2",
+                    "--device_target", "CPU", "--master_port", str(port), "--output_dir", str(out),
+                    *TRAIN[2:4], "--batch_size", "8", *TRAIN[6:], *extra])
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    states = [json.loads((out / RUN / f"final_state_rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert states[0]["step"] == states[1]["step"] == 12
+    assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
+    return launched.stdout
+
+
 @pytest.mark.slow
 def test_two_ranks_train_qat_to_identical_weights(cifar_dir, float_ckpt, tmp_path):
     """Data-parallel QAT through msrun (2 CPU ranks): the weights stay equal across ranks (each rank
     keeps the ranges of its own batches, as its BatchNorm statistics)."""
-    launched = run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers", "2",
-                    "--device_target", "CPU", "--master_port", "8171", "--output_dir", str(tmp_path),
-                    *TRAIN[2:4], "--batch_size", "8", *TRAIN[6:], *QAT, "--pre_trained", str(float_ckpt)])
-    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
-    states = [json.loads((tmp_path / RUN / f"final_state_rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert states[0]["step"] == states[1]["step"] == 12
-    assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
+    train_two_ranks(cifar_dir, tmp_path, 8171, *QAT, "--pre_trained", str(float_ckpt))
     assert quantizer_names(weights(tmp_path / RUN / f"{NET}-1_12.ckpt"))
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"compression": "int4"}, "unknown compression 'int4'; choose one of none, qat"),
+    ({"compression": "int4"}, "unknown compression 'int4'; choose one of none, qat, prune"),
     ({"compression": "qat", "optimizer": "Thor", "pre_trained": "a.ckpt"}, "optimizer Thor"),
     ({"compression": "qat", "freeze_backbone": True, "pre_trained": "a.ckpt"}, "drop --freeze_backbone True"),
     ({"compression": "qat", "pre_trained": ""}, "pass --pre_trained CKPT"),

@@ -1,12 +1,27 @@
-"""compression prune, first part: in-place L1 pruning of the residual blocks' inner channels."""
+"""compression prune: L1 pruning of the residual blocks' inner channels; a pruned checkpoint rebuilt
+from its own shapes; a float checkpoint pruned and fine-tuned by train.py (standalone, relaunched
+from a mid-run checkpoint to the same weights, 2 ranks), evaluated by eval.py and exported by
+export.py (MINDIR, ONNX); and every checkpoint of the wrong kind one line, nothing written."""
+from pathlib import Path
+
 import mindspore as ms
 import numpy as np
 import pytest
+from test_compression import CONFIG, NET, RUN, TRAIN, train_two_ranks, weights
 
-from src.compression.prune import kept_channels, prune_blocks
+from conftest import PYTHON, last_json, one_line_error, run, train_args
+from src.compression import check_checkpoint_compression
+from src.compression.prune import full_widths, kept_channels, prune_blocks, pruned_widths
+from src.config import load_config
+from src.cpu_convolution import use_onednn_layers
 from src.errors import UserInputError
 from src.resnet import create_model
+from src.training.checkpoint import load_pretrained, network_from_checkpoint
+from src.training.factory import check_step_keys, create_ema_twin, prune
 from src.training.model_summary import model_summary
+
+PRUNE = ["--compression", "prune"]
+HALF = [32, 64, 128, 256]  # resnet10's inner widths (64 ... 512) at prune_ratio 0.5
 
 
 def test_kept_channels_rounds_to_blocks_of_16():
@@ -35,6 +50,8 @@ def test_pruning_shrinks_and_keeps_shapes(net_name):
     names = [name for name, _ in net.parameters_and_names()]
     assert [p.name for p in net.get_parameters()] == names
     assert net.layer1[0].conv1.weight.shape[0] == widths[0]
+    # the full widths are still read from what pruning leaves whole
+    assert list(full_widths(net).values()) == [2 * w for w in widths]
 
 
 def test_pruning_zero_filters_keeps_outputs():
@@ -51,3 +68,166 @@ def test_pruning_zero_filters_keeps_outputs():
     expected = net(x).asnumpy()
     prune_blocks(net, 0.5)
     np.testing.assert_allclose(net(x).asnumpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_pruned_resnet18_keeps_the_blocked_cpu_layers():
+    """Kept counts in multiples of 16 keep every layer in oneDNN's blocked layout, no override needed."""
+    net = create_model("resnet18", num_classes=10)
+    prune_blocks(net, 0.5)
+    assert use_onednn_layers(net) == "blocked"
+
+
+@pytest.fixture(scope="module")
+def pruned_ckpt(tmp_path_factory):
+    """resnet10 pruned at 0.5 from fresh weights, in inference mode, and its checkpoint."""
+    net = create_model(NET, num_classes=10)
+    prune_blocks(net, 0.5)
+    net.set_train(False)
+    path = tmp_path_factory.mktemp("pruned") / "pruned.ckpt"
+    ms.save_checkpoint(net, str(path))
+    return net, path
+
+
+def test_a_pruned_checkpoint_is_rebuilt_from_its_shapes(pruned_ckpt):
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    pruned, path = pruned_ckpt
+    rebuilt = network_from_checkpoint(NET, 10, str(path), compression="prune", convolutions="onednn")
+    rebuilt.set_train(False)
+    assert pruned_widths(create_model(NET, num_classes=10), {p.name: p for p in rebuilt.get_parameters()}) == HALF
+    assert model_summary(rebuilt, image_size=32) == model_summary(pruned, image_size=32)
+    x = ms.Tensor(np.random.default_rng(2).standard_normal((2, 3, 32, 32)).astype(np.float32))
+    np.testing.assert_allclose(rebuilt(x).asnumpy(), pruned(x).asnumpy(), rtol=1e-4, atol=1e-5)
+    cfg = load_config(["--config_path", CONFIG, "--net_name", NET, *PRUNE])
+    twin = create_ema_twin(cfg, pruned)  # the network the EMA weights are evaluated in
+    assert [(p.name, p.shape) for p in twin.get_parameters()] == [(p.name, p.shape) for p in pruned.get_parameters()]
+
+
+@pytest.mark.parametrize("load, kind, compression, words", [
+    ("eval", "pruned", "none", "is pruned (trained with compression prune); pass --compression prune"),
+    ("eval", "pruned", "qat", "is pruned (trained with compression prune); pass --compression prune"),
+    ("eval", "float", "prune", "is a float checkpoint (its blocks have the network's full widths); drop --compression "
+                               "prune"),
+    ("pre_trained", "pruned", "prune", "is already pruned (compression prune) and --pre_trained takes float weights"),
+    ("pre_trained", "pruned", "qat", "is already pruned (compression prune) and --pre_trained takes float weights"),
+    ("pre_trained", "pruned", "none", "is already pruned (compression prune)"),
+    ("resnet18", "pruned", "prune", "does not fit resnet18 with class_num 10: missing"),
+    ("class_num 100", "pruned", "prune", "does not fit resnet10 with class_num 100: shape mismatch 2 (fc.weight"),
+])
+def test_a_checkpoint_of_another_kind_is_one_line(pruned_ckpt, float_ckpt, load, kind, compression, words):
+    path = str(pruned_ckpt[1] if kind == "pruned" else float_ckpt)
+    with pytest.raises(UserInputError, match="^checkpoint ") as refused:
+        if load == "pre_trained":
+            load_pretrained(create_model(NET, num_classes=10), path, head=["fc.weight", "fc.bias"],
+                            filter_weight=False, what=NET, compression=compression)
+        else:
+            net_name, class_num = ("resnet18", 10) if load == "resnet18" else (NET, 100 if "100" in load else 10)
+            network_from_checkpoint(net_name, class_num, path, compression=compression)
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_kind_of_checkpoint_follows_its_widths():
+    with pytest.raises(UserInputError, match="is pruned .*; pass --compression prune"):
+        check_checkpoint_compression(["conv1.weight"], "p.ckpt", "none", pruned=True)
+    check_checkpoint_compression(["conv1.weight"], "p.ckpt", "prune", pruned=True)
+    # a checkpoint without the network's blocks: the name checks that follow say what it is
+    check_checkpoint_compression(["conv1.weight"], "x.ckpt", "prune", pruned=None)
+    quantized = ["conv1.weight", "conv1._input_quantizer._float_min"]
+    with pytest.raises(UserInputError, match="is quantization-aware .*; pass --compression qat"):
+        check_checkpoint_compression(quantized, "q.ckpt", "prune", pruned=False)
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--optimizer", "Thor"], "compression prune does not combine with optimizer Thor"),
+    (["--freeze_backbone", "True"], "compression prune fine-tunes the whole pruned network; drop --freeze_backbone"),
+    (["--pre_trained", ""], "compression prune fine-tunes a trained float network; pass --pre_trained CKPT"),
+    (["--prune_ratio", "0"], "prune_ratio must be between 0 and 1 (exclusive), got 0.0"),
+    (["--prune_ratio", "1"], "prune_ratio must be between 0 and 1 (exclusive), got 1.0"),
+    (["--prune_ratio", "-0.5"], "prune_ratio must be between 0 and 1"),
+])
+def test_prune_requests_that_cannot_work_are_refused_first(extra, words):
+    """train.py's first check (check_step_keys), before any device, data or file is touched."""
+    cfg = load_config(["--config_path", CONFIG, *PRUNE, "--pre_trained", "float.ckpt", *extra])
+    with pytest.raises(UserInputError) as refused:
+        check_step_keys(cfg)
+    assert words in str(refused.value)
+
+
+def test_a_prune_ratio_that_removes_nothing_is_refused():
+    net = create_model(NET, num_classes=10)
+    with pytest.raises(UserInputError, match="prune_ratio 0.01 removes no channel"):
+        prune(net, 0.01, image_size=32)
+    assert prune(net, 0.5, image_size=32) == HALF
+
+
+@pytest.fixture(scope="module")
+def pruned_run(tmp_path_factory, cifar_dir, float_ckpt):
+    """One epoch of pruning fine-tuning (checkpoints at steps 6 and 12): its run folder and stdout."""
+    out = tmp_path_factory.mktemp("prune")
+    result = run(train_args(TRAIN, cifar_dir, out, *PRUNE, "--pre_trained", str(float_ckpt),
+                            "--save_checkpoint_steps", "6"))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return out / RUN, result.stdout
+
+
+def inner_widths(path: Path) -> list:
+    """The inner widths of a pruned resnet10 checkpoint (None for a float one)."""
+    return pruned_widths(create_model(NET, num_classes=10), weights(path))
+
+
+@pytest.mark.slow
+def test_a_pruned_run_trains_evaluates_and_exports(pruned_run, cifar_dir, float_ckpt, tmp_path):
+    folder, stdout = pruned_run
+    assert stdout.count("compression prune: removed 0.5 of each residual block's inner channels") == 1
+    ckpt = folder / f"{NET}-1_12.ckpt"
+    assert inner_widths(ckpt) == HALF
+
+    common = ["--config_path", CONFIG, "--net_name", NET, "--checkpoint_file_path", str(ckpt), *PRUNE]
+    evaluated = run([PYTHON, "eval.py", *common, "--data_path", str(cifar_dir)])
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert last_json(evaluated.stdout)["samples"] == 101
+
+    for file_format, extra in (("MINDIR", []), ("ONNX", ["--batch_size", "4", "--verify"])):
+        exported = run([PYTHON, "export.py", *common, "--eval_image_size", "32", "--file_format", file_format,
+                        "--file_name", str(tmp_path / "pruned"), *extra])
+        assert exported.returncode == 0, exported.stderr[-3000:]
+        report = last_json(exported.stdout)
+        assert report["file_format"] == file_format
+        assert Path(report["path"]).stat().st_size < 0.6 * float_ckpt.stat().st_size  # about half the float weights
+    assert report["verified"] and report["max_abs_diff"] <= 1e-4 and report["top1_agreement"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_relaunched_pruned_run_equals_the_uninterrupted_one(pruned_run, cifar_dir, float_ckpt, tmp_path):
+    """Pruning is deterministic given the float checkpoint: a new process prunes it again, then loads
+    the step-6 checkpoint of the run and trains on to the very weights of the uninterrupted run."""
+    folder = pruned_run[0]
+    resumed = run(train_args(TRAIN, cifar_dir, tmp_path, *PRUNE, "--pre_trained", str(float_ckpt),
+                             "--resume_ckpt", str(folder / f"{NET}-1_6.ckpt")))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    expected, got = weights(folder / f"{NET}-1_12.ckpt"), weights(tmp_path / RUN / f"{NET}-1_12.ckpt")
+    assert expected.keys() == got.keys()
+    assert max(float(np.abs(expected[name] - got[name]).max()) for name in expected) < 1e-5
+
+
+@pytest.mark.slow
+def test_two_ranks_train_a_pruned_network_to_identical_weights(cifar_dir, float_ckpt, tmp_path):
+    train_two_ranks(cifar_dir, tmp_path, 8172, *PRUNE, "--pre_trained", str(float_ckpt))
+    assert inner_widths(tmp_path / RUN / f"{NET}-1_12.ckpt") == HALF
+
+
+@pytest.mark.slow
+def test_bad_prune_inputs_are_one_line_and_write_nothing(pruned_run, cifar_dir, float_ckpt, tmp_path):
+    pruned = str(pruned_run[0] / f"{NET}-1_12.ckpt")
+    out = tmp_path / "out"
+    cases = [
+        (train_args(TRAIN, cifar_dir, out, *PRUNE, "--pre_trained", pruned), "is already pruned"),
+        ([PYTHON, "eval.py", "--config_path", CONFIG, "--net_name", NET, "--data_path", str(cifar_dir),
+          "--checkpoint_file_path", pruned], "pass --compression prune"),
+        ([PYTHON, "export.py", "--config_path", CONFIG, "--net_name", NET, "--file_name", str(out / "x"),
+          "--checkpoint_file_path", str(float_ckpt), *PRUNE], "is a float checkpoint"),
+    ]
+    for args, words in cases:
+        line = one_line_error(run(args), alone=False)
+        assert words in line, line
+    assert not out.exists()

@@ -1,42 +1,62 @@
-"""Compressing a trained network: quantization-aware training (QAT) with MindSpore Golden Stick.
+"""Compressing a trained network: quantization-aware training (QAT) with MindSpore Golden Stick,
+and structured channel pruning.
 
 `compression: qat` (train.py, eval.py, export.py) wraps every convolution and the fc head in Golden
-Stick's SimQAT quantization cells (src/compression/qat.py). The checks here are plain functions of
-names and config values: they import neither MindSpore nor Golden Stick, so only a run that asks for
-compression pays for Golden Stick's import.
+Stick's SimQAT quantization cells (src/compression/qat.py). `compression: prune` removes
+`prune_ratio` of the inner channels of every residual block (src/compression/prune.py); a pruned
+checkpoint is recognized by its shapes: its blocks' inner convolutions are narrower than the
+network's. The checks here are plain functions of names and config values: they import neither
+MindSpore nor Golden Stick, so only a run that asks for compression pays for Golden Stick's import.
 """
 from typing import Iterable, List, Optional, Tuple
 
 from src.errors import UserInputError
 
-NONE, QAT = "none", "qat"
-COMPRESSIONS = (NONE, QAT)
+NONE, QAT, PRUNE = "none", "qat", "prune"
+COMPRESSIONS = (NONE, QAT, PRUNE)
+# What a checkpoint of each compression is, and what marks it.
+KINDS = {QAT: "quantization-aware", PRUNE: "pruned"}
+MARKS = {QAT: "no fake-quantizer ranges", PRUNE: "its blocks have the network's full widths"}
 # Golden Stick's fake quantizers keep their ranges as <cell>._{input,output,weight}_quantizer._float_min/max.
 QUANTIZER_MARK = "_quantizer._float_"
 INSTALL_HINT = "install it with: .venv/bin/python -m pip install mindspore-gs==1.3.0 tqdm"
+# Why each compression refuses optimizer Thor (its own training path).
+THOR_CONFLICTS = {QAT: "Thor replaces the convolution cells that quantization wraps",
+                  PRUNE: "Thor replaces the convolution cells with its own, untried on pruned widths"}
+
+
+def check_prune_ratio(prune_ratio: float) -> None:
+    """The fraction of channels pruning removes: strictly between 0 and 1."""
+    if not 0.0 < prune_ratio < 1.0:
+        raise UserInputError(f"prune_ratio must be between 0 and 1 (exclusive), got {prune_ratio}; pass e.g. "
+                             f"--prune_ratio 0.5 (half of each block's inner channels removed)")
 
 
 def check_compression(compression: str, *, optimizer: str = "Momentum", freeze_backbone: bool = False,
-                      pre_trained: Optional[str] = None) -> None:
+                      pre_trained: Optional[str] = None, prune_ratio: float = 0.5) -> None:
     """One line for a compression request that cannot work (pre_trained None: not a training run)."""
     if compression not in COMPRESSIONS:
         raise UserInputError(f"unknown compression '{compression}'; choose one of {', '.join(COMPRESSIONS)}")
     if compression == NONE:
         return
     if optimizer == "Thor":
-        raise UserInputError("compression qat does not combine with optimizer Thor (Thor replaces the convolution "
-                             "cells that quantization wraps); use --optimizer Momentum")
+        raise UserInputError(f"compression {compression} does not combine with optimizer Thor "
+                             f"({THOR_CONFLICTS[compression]}); use --optimizer Momentum")
     if freeze_backbone:
-        raise UserInputError("compression qat fine-tunes the whole quantized network; drop --freeze_backbone True")
+        raise UserInputError(f"compression {compression} fine-tunes the whole {KINDS[compression]} network; "
+                             f"drop --freeze_backbone True")
     if pre_trained == "":
-        raise UserInputError("compression qat fine-tunes a trained float network; pass --pre_trained CKPT "
-                             "(a checkpoint of this net_name trained without compression)")
+        raise UserInputError(f"compression {compression} fine-tunes a trained float network; pass --pre_trained CKPT "
+                             f"(a checkpoint of this net_name trained without compression)")
+    if compression == PRUNE and pre_trained is not None:
+        check_prune_ratio(prune_ratio)
 
 
 def compression_convolutions(compression: str, cpu_convolution: str, device_target: str) -> Tuple[str, Optional[str]]:
     """The cpu_convolution a run uses, and a line for the log when compression overrides it: Golden
-    Stick wraps MindSpore's nn.Conv2d cells, so this repository's oneDNN layers cannot run under QAT."""
-    if compression == NONE or device_target != "CPU" or cpu_convolution == "mindspore":
+    Stick wraps MindSpore's nn.Conv2d cells, so this repository's oneDNN layers cannot run under QAT
+    (a pruned network is made of standard layers, which they run)."""
+    if compression != QAT or device_target != "CPU" or cpu_convolution == "mindspore":
         return cpu_convolution, None
     return "mindspore", ("compression qat: MindSpore's CPU convolutions (Golden Stick quantizes nn.Conv2d cells; "
                          "this repository's oneDNN layers are not used)")
@@ -47,19 +67,27 @@ def quantizer_names(names: Iterable[str]) -> List[str]:
     return [name for name in names if QUANTIZER_MARK in name]
 
 
+def checkpoint_compression(names: Iterable[str], *, pruned: Optional[bool]) -> str:
+    """The compression a checkpoint was trained with: qat by its quantizer ranges, prune when its
+    shapes are narrower than the network's (`pruned`, found by the caller), else none."""
+    return QAT if quantizer_names(names) else PRUNE if pruned else NONE
+
+
 def check_checkpoint_compression(names: Iterable[str], path: str, compression: str, *,
-                                 pre_trained: bool = False) -> None:
-    """A checkpoint whose kind (float or QAT) does not fit the run is one line naming the fix.
-    `pre_trained`: the weights a QAT run starts from, which must be float."""
-    quantized = bool(quantizer_names(names))
-    if quantized and pre_trained:
-        raise UserInputError(f"checkpoint {path} is already quantization-aware (compression qat) and "
+                                 pre_trained: bool = False, pruned: Optional[bool] = False) -> None:
+    """A checkpoint whose kind (float, QAT or pruned) does not fit the run is one line naming the
+    fix. `pre_trained`: the weights a run starts from, which must be float (a compressed network is
+    not compressed again). `pruned`: the checkpoint's blocks are narrower than the network's; None
+    when it lacks the network's blocks (another network's, which the name checks report)."""
+    kind = checkpoint_compression(names, pruned=pruned)
+    if kind != NONE and pre_trained:
+        raise UserInputError(f"checkpoint {path} is already {KINDS[kind]} (compression {kind}) and "
                              f"--pre_trained takes float weights; pass the float checkpoint it was fine-tuned from, "
-                             f"or continue its run with --compression qat --resume True")
-    if quantized and compression == NONE:
-        raise UserInputError(f"checkpoint {path} is quantization-aware (trained with compression qat); pass "
-                             f"--compression qat")
-    if not quantized and compression == QAT and not pre_trained:
-        raise UserInputError(f"checkpoint {path} is a float checkpoint (no fake-quantizer ranges); drop "
-                             f"--compression qat, or fine-tune it first: train.py --compression qat --pre_trained "
-                             f"{path}")
+                             f"or continue its run with --compression {kind} --resume True")
+    if kind != NONE and compression != kind:
+        raise UserInputError(f"checkpoint {path} is {KINDS[kind]} (trained with compression {kind}); pass "
+                             f"--compression {kind}")
+    if kind == NONE and compression != NONE and not pre_trained and not (compression == PRUNE and pruned is None):
+        raise UserInputError(f"checkpoint {path} is a float checkpoint ({MARKS[compression]}); drop "
+                             f"--compression {compression}, or compress it first: train.py --compression "
+                             f"{compression} --pre_trained {path}")

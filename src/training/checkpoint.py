@@ -11,11 +11,12 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, nn
 
-from src.compression import NONE, QAT, check_checkpoint_compression
+from src.compression import NONE, PRUNE, QAT, check_checkpoint_compression
+from src.compression.prune import full_widths, narrow_blocks, pruned_widths
 from src.compression.qat import apply_qat
 from src.errors import UserInputError
 from src.files import atomic_target
-from src.resnet import create_model
+from src.resnet import create_model, use_convolutions
 
 # Keys a training checkpoint holds besides the network: optimizer slots and counters, and the
 # EMA of the weights (`ema.<parameter name>`, written by the train step with model_ema on).
@@ -248,22 +249,37 @@ def raise_if_mismatched(problems: Dict[str, List[str]], path: str, what: str, hi
         raise UserInputError(f"checkpoint {path} does not fit {what}: {'; '.join(parts)}; {hint}")
 
 
-def load_into_network(net: nn.Cell, path: str, what: str = "the network",
-                      log: Callable[[str], None] = print, use_ema: bool = False,
-                      compression: str = NONE) -> Dict[str, Parameter]:
-    """Load every network parameter from `path` (this repo's or the model zoo's names; its EMA weights
-    with `use_ema`); any mismatch is one error line listing names, a float checkpoint for a QAT
-    network (`compression`) or the other way round one line naming the fix. Returns the loaded
-    tensors under this repo's names."""
+def network_weights(path: str, use_ema: bool = False) -> Tuple[Dict[str, Parameter], Dict[str, Parameter],
+                                                                 Optional[str]]:
+    """A checkpoint's tensors, its network weights under this repo's names (its EMA weights with
+    `use_ema`), and the note of names mapped (None when none were)."""
     checkpoint = read_checkpoint(path)
-    check_checkpoint_compression(checkpoint, path, compression)
-    if use_ema:
-        params, note = ema_part(checkpoint), None
-        if not params:
-            raise UserInputError(f"checkpoint {path} holds no EMA weights (ema.*): it was trained without "
-                                 f"model_ema; drop --use_ema")
-    else:
-        params, note = network_params(checkpoint, path)
+    if not use_ema:
+        return (checkpoint, *network_params(checkpoint, path))
+    params = ema_part(checkpoint)
+    if not params:
+        raise UserInputError(f"checkpoint {path} holds no EMA weights (ema.*): it was trained without "
+                             f"model_ema; drop --use_ema")
+    return checkpoint, params, None
+
+
+def check_weights_compression(net: nn.Cell, checkpoint: Dict[str, Parameter], params: Dict[str, Parameter],
+                              path: str, compression: str, *, pre_trained: bool = False) -> Optional[List[int]]:
+    """One line when the checkpoint's kind (float, QAT, pruned) does not fit the run's `compression`
+    (src.compression.check_checkpoint_compression); returns the inner widths of a pruned checkpoint,
+    None for any other. `net`: a network of the run's architecture, float or pruned."""
+    widths = pruned_widths(net, params)
+    ours = widths is not None or all(name in params for name in full_widths(net))
+    check_checkpoint_compression(checkpoint, path, compression, pre_trained=pre_trained,
+                                 pruned=widths is not None if ours else None)
+    return widths
+
+
+def _load_checked(net: nn.Cell, loaded: Tuple[Dict[str, Parameter], Dict[str, Parameter], Optional[str]], *,
+                  path: str, what: str, log: Callable[[str], None], compression: str) -> Dict[str, Parameter]:
+    """Load the `loaded` weights of network_weights into `net`, every name and shape checked."""
+    checkpoint, params, note = loaded
+    check_weights_compression(net, checkpoint, params, path, compression)
     raise_if_mismatched(network_mismatches(net, params), path, what, "check net_name and class_num")
     ms.load_param_into_net(net, params, strict_load=True)
     if note:
@@ -271,30 +287,54 @@ def load_into_network(net: nn.Cell, path: str, what: str = "the network",
     return params
 
 
+def load_into_network(net: nn.Cell, path: str, what: str = "the network",
+                      log: Callable[[str], None] = print, use_ema: bool = False,
+                      compression: str = NONE) -> Dict[str, Parameter]:
+    """Load every network parameter from `path` (this repo's or the model zoo's names; its EMA weights
+    with `use_ema`); any mismatch is one error line listing names, a float checkpoint for a
+    compressed network (`compression`) or the other way round one line naming the fix. Returns the
+    loaded tensors under this repo's names."""
+    return _load_checked(net, network_weights(path, use_ema), path=path, what=what, log=log, compression=compression)
+
+
+def compressed(net: nn.Cell, *, compression: str, convolutions: str = "mindspore",
+               widths: Optional[Sequence[int]] = None) -> nn.Cell:
+    """`net`, built with nn.Conv2d, made the network a `compression` run trains, in place: narrowed
+    to a pruned network's inner `widths` (first: this repository's CPU layers replace the nn.Conv2d
+    cells it narrows), computing with `convolutions`, and quantization-aware for qat."""
+    if widths is not None:
+        narrow_blocks(net, widths)
+    use_convolutions(net, convolutions)
+    if compression == QAT:
+        apply_qat(net)
+    return net
+
 
 def network_from_checkpoint(net_name: str, class_num: int, path: str, *, use_ema: bool = False,
                             convolutions: str = "mindspore", compression: str = NONE,
                             log: Callable[[str], None] = print) -> nn.Cell:
-    """A new `net_name` network with `class_num` classes (quantization-aware with `compression`
-    qat), holding the weights of `path` (its EMA weights with `use_ema`); a checkpoint of another
-    network is one error line."""
-    net = create_model(net_name, num_classes=class_num, convolutions=convolutions)
-    if compression == QAT:
-        apply_qat(net)
-    load_into_network(net, path, what=f"{net_name} with class_num {class_num}", log=log, use_ema=use_ema,
-                      compression=compression)
+    """A new `net_name` network with `class_num` classes holding the weights of `path` (its EMA
+    weights with `use_ema`): quantization-aware with `compression` qat, narrowed to the
+    checkpoint's own inner widths with `compression` prune. A checkpoint of another network, or of
+    another compression, is one error line."""
+    net = create_model(net_name, num_classes=class_num)
+    loaded = network_weights(path, use_ema)
+    widths = check_weights_compression(net, loaded[0], loaded[1], path, compression)
+    compressed(net, compression=compression, convolutions=convolutions, widths=widths if compression == PRUNE else None)
+    _load_checked(net, loaded, path=path, what=f"{net_name} with class_num {class_num}", log=log,
+                  compression=compression)
     return net
 
 
 def load_pretrained(net: nn.Cell, path: str, *, head: Sequence[str], filter_weight: bool,
                     what: str, log: Callable[[str], None] = print, compression: str = NONE) -> List[str]:
     """Load a pre-trained backbone (this repo's or the model zoo's names) into the float network: a
-    QAT checkpoint is one error line (`compression`: the run's, which decides the fix). With
-    `filter_weight`, the head (`head` names) is skipped and keeps its fresh initialization. Returns
-    the skipped descriptions."""
+    compressed (QAT or pruned) checkpoint is one error line (`compression`: the run's, which decides
+    the fix). With `filter_weight`, the head (`head` names) is skipped and keeps its fresh
+    initialization. Returns the skipped descriptions."""
     checkpoint = read_checkpoint(path)
-    check_checkpoint_compression(checkpoint, path, compression, pre_trained=True)
     params, note = network_params(checkpoint, path)
+    check_weights_compression(net, checkpoint, params, path, compression, pre_trained=True)
     skipped = []
     if filter_weight:
         skipped = [f"{name} {tuple(params[name].shape)}" for name in head if name in params]

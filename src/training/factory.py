@@ -1,6 +1,6 @@
 """The training run's parts built from its config: seeding, network, schedule, train step, Model."""
 import random
-from typing import Optional
+from typing import List, Optional
 
 import mindspore as ms
 import mindspore.dataset as mds
@@ -8,19 +8,19 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Model
 
-from src.compression import QAT, check_compression
-from src.compression.qat import apply_qat
+from src.compression import PRUNE, QAT, check_compression
+from src.compression.prune import full_widths, prune_blocks, pruned_widths
 from src.config import Config
 from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
 from src.dataset import create_train_input_stage
 from src.errors import UserInputError
 from src.resnet import create_model
-from src.training.checkpoint import load_pretrained
+from src.training.checkpoint import compressed, load_pretrained
 from src.training.data import data_recipe
 from src.training.distributed import check_fusion_points, fusion_split_points
 from src.training.loss import loss_from_config
 from src.training.lr_schedule import create_lr_schedule, create_thor_lr_schedule, warmup_cut_short
-from src.training.model_summary import parameter_counts
+from src.training.model_summary import format_gflops, model_summary, parameter_counts
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.training.thor import THOR, check_thor
@@ -55,13 +55,14 @@ def create_schedule(cfg: Config, steps_per_epoch: int, log=print) -> np.ndarray:
 
 def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> nn.Cell:
     """The config's network, its pre-trained weights loaded, its backbone frozen where asked, and
-    with `compression: qat` made quantization-aware after the float weights are in."""
+    with `compression` made what it trains after the float weights are in: pruned (prune, before
+    this repository's CPU layers replace the nn.Conv2d cells it narrows) or quantization-aware (qat)."""
     if cfg.freeze_backbone and not cfg.pre_trained:
         raise UserInputError("freeze_backbone True trains only the head on top of pre-trained features; pass "
                              "--pre_trained CKPT (with --filter_weight True for another class_num)")
     net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
                        dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual,
-                       freeze_bn=cfg.freeze_bn, freeze_backbone=cfg.freeze_backbone, convolutions=convolutions)
+                       freeze_bn=cfg.freeze_bn, freeze_backbone=cfg.freeze_backbone)
     if cfg.pre_trained:
         skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
                                   filter_weight=cfg.filter_weight,
@@ -69,8 +70,10 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
                                   compression=cfg.compression)
         log(f"loaded pre-trained weights from {cfg.pre_trained}"
             + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""))
+    if cfg.compression == PRUNE:
+        prune(net, cfg.prune_ratio, image_size=cfg.train_image_size, log=log)
+    compressed(net, compression=cfg.compression, convolutions=convolutions)
     if cfg.compression == QAT:
-        apply_qat(net)
         log("compression qat: Golden Stick's SimQAT cells around every convolution and the fc head (int8 weights "
             "per channel, activations per tensor); checkpoints hold the quantization-aware network")
     if cfg.freeze_backbone:
@@ -78,6 +81,22 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
         log(f"freeze_backbone: training the head only ({trained:,} of {total:,} values); BatchNorm in "
             f"inference mode")
     return net
+
+
+def prune(net: nn.Cell, prune_ratio: float, *, image_size: int, log=print) -> List[int]:
+    """Prune `net` in place (src/compression/prune.py) and log one line of what it removed; a ratio
+    that removes no channel at all (kept counts round to multiples of 16) is one error line."""
+    full = list(full_widths(net).values())
+    before = model_summary(net, image_size=image_size)
+    widths = prune_blocks(net, prune_ratio)
+    if widths == full:
+        raise UserInputError(f"prune_ratio {prune_ratio} removes no channel (the kept counts round to multiples of "
+                             f"16, here the full widths); raise --prune_ratio")
+    after = model_summary(net, image_size=image_size)
+    log(f"compression prune: removed {prune_ratio:g} of each residual block's inner channels (L1 norm of the "
+        f"filters, kept in multiples of 16): parameters {before['parameters']:,} -> {after['parameters']:,}, GFLOPs "
+        f"{format_gflops(before['gflops'])} -> {format_gflops(after['gflops'])} per image at {image_size} px")
+    return widths
 
 
 def fusion_points(cfg: Config, net) -> list:
@@ -103,7 +122,7 @@ def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
 def check_step_keys(cfg: Config) -> None:
     """The compression, optimizer and EMA keys, checked before any work (ranges are checked at load)."""
     check_compression(cfg.compression, optimizer=cfg.optimizer, freeze_backbone=cfg.freeze_backbone,
-                      pre_trained=cfg.pre_trained)
+                      pre_trained=cfg.pre_trained, prune_ratio=cfg.prune_ratio)
     if cfg.optimizer == THOR:  # its own training path, Ascend/GPU only
         check_thor(cfg)
         return
@@ -160,10 +179,12 @@ def check_boost_mode(boost_mode: str) -> str:
     return boost_mode
 
 
-def create_ema_twin(cfg: Config, convolutions: str = "mindspore") -> nn.Cell:
-    """A second network, in the same precision, that evaluation loads the EMA weights into."""
-    twin = create_model(cfg.net_name, num_classes=cfg.class_num, convolutions=convolutions)
-    if cfg.compression == QAT:
-        apply_qat(twin)
+def create_ema_twin(cfg: Config, net: nn.Cell, convolutions: str = "mindspore") -> nn.Cell:
+    """A second network like `net` (pruned to its widths, or quantization-aware, as the run's
+    compression has it), in the same precision, that evaluation loads the EMA weights into."""
+    twin = create_model(cfg.net_name, num_classes=cfg.class_num)
+    widths = pruned_widths(twin, {param.name: param for param in net.get_parameters()})
+    compressed(twin, compression=cfg.compression, convolutions=convolutions,
+               widths=widths if cfg.compression == PRUNE else None)
     mixed_precision_network(twin, network_amp_level(cfg, twin))
     return twin

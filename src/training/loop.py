@@ -57,7 +57,8 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
                               bad_samples=bad_samples.count if bad_samples else None, clock=clock,
                               input_bound_hints=hints, sink_queue=real_sink(cfg))]
     if eval_dataset is not None:
-        callbacks.append(EvalMonitor(net=net, ema_net=create_ema_twin(cfg, convolutions) if cfg.model_ema else None,
+        ema_net = create_ema_twin(cfg, net, convolutions) if cfg.model_ema else None
+        callbacks.append(EvalMonitor(net=net, ema_net=ema_net,
                                      ema_params=ema_params, dataset=eval_dataset, num_classes=cfg.class_num,
                                      group_size=group_size, epoch_size=cfg.epoch_size, steps_per_epoch=steps_per_epoch,
                                      eval_start_epoch=cfg.eval_start_epoch, eval_interval=cfg.eval_interval,
