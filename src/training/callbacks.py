@@ -261,22 +261,45 @@ class EvalMonitor(Callback):
                      f"saved {BEST_NAME}")
 
 
-class CheckpointSaver(StepCounter):
-    """Saves the training state (weights, optimizer slots, counters) every `save_epochs` epochs,
-    after the last epoch, and every `save_steps` steps if > 0; keeps the newest `keep`. With
-    `periodic` False it saves only when asked (`save_now`, for a stop signal). `before_save(run_context)`
-    runs first (the divergence guard's weight check, which stops the run rather than save NaN/Inf);
-    a low disk is said before a save."""
+class SaveSchedule:
+    """When the periodic checkpoints fall, in global steps: at the end of every `save_epochs`-th epoch
+    and of the last one, and within an epoch `save_steps` steps after the last save (0: never); none
+    with `periodic` False. Bookkeeping alone (`saved(step)` after each save), so that the ranks that
+    write nothing can follow the writer's saves (src/training/rank_statistics.py)."""
 
-    def __init__(self, *, folder: str, net_name: str, steps_per_epoch: int, epoch_size: int,
-                 save_epochs: int, save_steps: int = 0, keep: int = 10, first_step: int = 0,
-                 periodic: bool = True, before_save: Optional[Callable] = None,
-                 log: Callable[[str], None] = print):
-        super().__init__(steps_per_epoch, first_step)
-        self.folder, self.net_name = folder, net_name
-        self.epoch_size, self.save_epochs, self.save_steps, self.keep = epoch_size, save_epochs, save_steps, keep
-        self.periodic, self.before_save, self.log = periodic, before_save, log
-        self.saved_step, self.saved_path = first_step, None
+    def __init__(self, *, steps_per_epoch: int, epoch_size: int, save_epochs: int, save_steps: int = 0,
+                 periodic: bool = True, first_step: int = 0):
+        self.steps_per_epoch, self.epoch_size = steps_per_epoch, epoch_size
+        self.save_epochs, self.save_steps, self.periodic = save_epochs, save_steps, periodic
+        self.saved_step = first_step  # a resumed run's checkpoint was the last save
+
+    def due_in_epoch(self, step: int) -> bool:
+        """Whether global `step`, not an epoch's last, ends with a checkpoint."""
+        at_epoch_end = (step - 1) % self.steps_per_epoch + 1 == self.steps_per_epoch
+        return (self.periodic and self.save_steps > 0 and step - self.saved_step >= self.save_steps
+                and not at_epoch_end)
+
+    def due_at_epoch_end(self, epoch: int) -> bool:
+        """Whether epoch `epoch` (1-based) ends with a checkpoint."""
+        return self.periodic and (epoch % self.save_epochs == 0 or epoch == self.epoch_size)
+
+    def saved(self, step: int) -> None:
+        self.saved_step = step
+
+
+class CheckpointSaver(StepCounter):
+    """Saves the training state (weights, optimizer slots, counters) when `schedule` says (every
+    `save_epochs` epochs, after the last epoch, and every `save_steps` steps if > 0); keeps the newest
+    `keep`. With a schedule that is not periodic it saves only when asked (`save_now`, for a stop
+    signal). `before_save(run_context)` runs first (the divergence guard's weight check, which stops
+    the run rather than save NaN/Inf); a low disk is said before a save."""
+
+    def __init__(self, *, folder: str, net_name: str, schedule: SaveSchedule, keep: int = 10,
+                 before_save: Optional[Callable] = None, log: Callable[[str], None] = print):
+        super().__init__(schedule.steps_per_epoch, schedule.saved_step)
+        self.folder, self.net_name, self.schedule, self.keep = folder, net_name, schedule, keep
+        self.before_save, self.log = before_save, log
+        self.saved_path = None
 
     def _last_size(self) -> int:
         found = list_checkpoints(self.folder, self.net_name)
@@ -284,7 +307,7 @@ class CheckpointSaver(StepCounter):
 
     def save_now(self, run_context, epoch: int, step: int) -> str:
         """Save the state after global `step` of `epoch` (1-based) unless just saved; returns the file."""
-        if step == self.saved_step and self.saved_path:
+        if step == self.schedule.saved_step and self.saved_path:
             return self.saved_path
         if self.before_save:
             self.before_save(run_context)
@@ -294,18 +317,18 @@ class CheckpointSaver(StepCounter):
                     append_dict={"epoch_num": epoch if self.step_in_epoch(step) == self.steps_per_epoch
                                  else epoch - 1, "step_num": step})
         rotate(self.folder, self.net_name, self.keep, self.steps_per_epoch)
-        self.saved_step, self.saved_path = step, path
+        self.schedule.saved(step)
+        self.saved_path = path
         return path
 
     def on_train_step_end(self, run_context) -> None:
         step = self.global_step(run_context)
-        if self.periodic and self.save_steps and step - self.saved_step >= self.save_steps \
-                and self.step_in_epoch(step) != self.steps_per_epoch:
+        if self.schedule.due_in_epoch(step):
             self.save_now(run_context, run_context.original_args().cur_epoch_num, step)
 
     def on_train_epoch_end(self, run_context) -> None:
         epoch = run_context.original_args().cur_epoch_num
-        if self.periodic and (epoch % self.save_epochs == 0 or epoch == self.epoch_size):
+        if self.schedule.due_at_epoch_end(epoch):
             self.save_now(run_context, epoch, self.global_step(run_context))
 
 
@@ -342,11 +365,12 @@ def _fingerprint(params: Sequence[Parameter]) -> str:
 
 
 class FinalState(Callback):
-    """Writes final_state_rank<r>.json: the global step and a fingerprint of the trainable weights
-    (and of their EMA, when `ema_params` are given), so the ranks of a data-parallel run can be
-    compared without writing one checkpoint per rank. (BatchNorm moving statistics are per rank,
-    as without synchronized BatchNorm elsewhere, so the EMA fingerprint covers the EMA of the
-    trainable weights only.)"""
+    """Writes final_state_rank<r>.json: the global step, a fingerprint of the trainable weights
+    (and of their EMA, when `ema_params` are given) and one of the other parameters (BatchNorm
+    moving statistics, QAT ranges, with their EMA), so the ranks of a data-parallel run can be
+    compared without writing one checkpoint per rank. The ranks move the other parameters with their
+    own batches and make them equal at every epoch end (src/training/rank_statistics.py), so after a
+    whole run both fingerprints agree across ranks."""
 
     def __init__(self, *, net: nn.Cell, folder: str, rank: int, first_step: int = 0,
                  ema_params: Optional[Sequence[Parameter]] = None):
@@ -358,9 +382,12 @@ class FinalState(Callback):
         trainable = self.net.trainable_params()
         state = {"rank": self.rank, "step": self.first_step + run_context.original_args().cur_step_num,
                  "trainable_sha256": _fingerprint(trainable)}
+        others = [p for p in self.net.get_parameters() if not p.requires_grad]
         if self.ema_params is not None:
             averaged = {p.name: p for p in self.ema_params}
             state["ema_sha256"] = _fingerprint([averaged[EMA_PREFIX + p.name] for p in trainable])
+            others += [averaged[EMA_PREFIX + p.name] for p in others]
+        state["statistics_sha256"] = _fingerprint(others)
         write_atomic(os.path.join(self.folder, f"final_state_rank{self.rank}.json"), json.dumps(state) + "\n")
 
 

@@ -16,6 +16,7 @@ from src.training.callbacks import (
     FinalState,
     ProfilerMonitor,
     RecordPlotter,
+    SaveSchedule,
     StepCounter,
     TrainMonitor,
 )
@@ -26,6 +27,7 @@ from src.training.factory import create_ema_twin, real_sink
 from src.training.faults import DivergenceGuard, GracefulStop, divergence_hints
 from src.training.loss import loss_from_config
 from src.training.nonfinite import NonFinite, replay_micro_batches, write_replay
+from src.training.rank_statistics import RankStatistics, rank_statistics
 from src.training.report import class_names_for, evaluate_with_report, save_report
 from src.training.resume import best_top1, resume_command
 from src.training.run_record import RunRecord
@@ -39,8 +41,10 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
     """Logging, evaluation, checkpoints, the run record and profiling; files from the `writer`
     ranks only (rank 0, or each node's first rank with node-local storage).
     The step clock's two halves enclose the rest (the time between them is the wait for data);
-    the divergence guard comes next (nothing after it sees NaN weights at an epoch end), the
-    stop-signal handler last but the clock (it stops after the step's or the epoch's other work)."""
+    the divergence guard comes next (nothing after it sees NaN weights at an epoch end), then, with
+    several ranks, the one that makes their BatchNorm statistics equal (the evaluation and the
+    checkpoints after it see one network), the stop-signal handler last but the clock (it stops
+    after the step's or the epoch's other work)."""
     ema_params = model.train_network.ema_params if cfg.model_ema else None
     clock = StepClock()
     guard = DivergenceGuard(patience=cfg.nan_patience, steps_per_epoch=steps_per_epoch, lrs=lrs,
@@ -50,12 +54,14 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
     hints = input_bound_hints(workers=cfg.num_parallel_workers, worker_kind=cfg.data_worker_kind,
                               cores_per_process=available_cores() / max(1, local_ranks),
                               jpeg_folder=cfg.dataset != "cifar10", native_decoder=partial_decoder() is not None)
-    callbacks = [clock.start, guard,
-                 TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
-                              global_batch=cfg.batch_size * cfg.grad_accumulation_steps * group_size, lrs=lrs,
-                              log_interval=cfg.log_interval, first_step=first_step, record=record, log=log,
-                              bad_samples=bad_samples.count if bad_samples else None, clock=clock,
-                              input_bound_hints=hints, sink_queue=real_sink(cfg))]
+    statistics = rank_statistics(net, ema_params=ema_params, rank=rank, group_size=group_size,
+                                 schedule=save_schedule(cfg, steps_per_epoch, first_step), first_step=first_step)
+    callbacks = [clock.start, guard] + ([statistics] if statistics else [])
+    callbacks.append(TrainMonitor(steps_per_epoch=steps_per_epoch, total_steps=len(lrs),
+                                  global_batch=cfg.batch_size * cfg.grad_accumulation_steps * group_size, lrs=lrs,
+                                  log_interval=cfg.log_interval, first_step=first_step, record=record, log=log,
+                                  bad_samples=bad_samples.count if bad_samples else None, clock=clock,
+                                  input_bound_hints=hints, sink_queue=real_sink(cfg)))
     if eval_dataset is not None:
         ema_net = create_ema_twin(cfg, net, convolutions) if cfg.model_ema else None
         callbacks.append(EvalMonitor(net=net, ema_net=ema_net,
@@ -66,11 +72,9 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
                                      best_top1=best_top1(folder) if first_step else -1.0, record=record, log=log))
     saver = None
     if writer:
-        saver = CheckpointSaver(folder=folder, net_name=cfg.net_name, steps_per_epoch=steps_per_epoch,
-                                epoch_size=cfg.epoch_size, save_epochs=cfg.save_checkpoint_epochs,
-                                save_steps=cfg.save_checkpoint_steps, keep=cfg.keep_checkpoint_max,
-                                first_step=first_step, periodic=cfg.save_checkpoint,
-                                before_save=guard.check_weights, log=log)
+        saver = CheckpointSaver(folder=folder, net_name=cfg.net_name,
+                                schedule=save_schedule(cfg, steps_per_epoch, first_step),
+                                keep=cfg.keep_checkpoint_max, before_save=guard.check_weights, log=log)
         callbacks += [saver] + ([RecordPlotter(record)] if cfg.plot_curves else [])
     if cfg.enable_profiling:
         callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),
@@ -78,15 +82,24 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
                                          board=board, log=log, first_step=first_step))
     callbacks.append(FinalState(net=net, ema_params=ema_params, folder=folder, rank=rank, first_step=first_step))
     callbacks.append(graceful_stop(cfg, steps_per_epoch=steps_per_epoch, first_step=first_step, saver=saver,
-                                   record=record, group_size=group_size, log=log, argv=argv))
+                                   record=record, group_size=group_size, log=log, argv=argv, statistics=statistics))
     callbacks.append(clock.stop)
     return callbacks
 
 
+def save_schedule(cfg: Config, steps_per_epoch: int, first_step: int) -> SaveSchedule:
+    """When the config's periodic checkpoints fall (every rank follows it; the writers save)."""
+    return SaveSchedule(steps_per_epoch=steps_per_epoch, epoch_size=cfg.epoch_size,
+                        save_epochs=cfg.save_checkpoint_epochs, save_steps=cfg.save_checkpoint_steps,
+                        periodic=cfg.save_checkpoint, first_step=first_step)
+
+
 def graceful_stop(cfg: Config, *, steps_per_epoch: int, first_step: int, saver: Optional[CheckpointSaver],
-                  record: Optional[RunRecord], group_size: int, log, argv: Sequence[str]) -> GracefulStop:
+                  record: Optional[RunRecord], group_size: int, log, argv: Sequence[str],
+                  statistics: Optional[RankStatistics] = None) -> GracefulStop:
     """The stop-signal handler. With several ranks, they agree after every step on whether to stop
-    (one small allreduce), and wait for the writers' checkpoints before they exit."""
+    (one small allreduce), make their statistics equal (`statistics`) and wait for the writers'
+    checkpoints before they exit."""
     def agree(flag: int) -> int:
         if group_size == 1:
             return flag
@@ -95,8 +108,13 @@ def graceful_stop(cfg: Config, *, steps_per_epoch: int, first_step: int, saver: 
     def barrier() -> None:
         agree(0)
 
+    def save(run_context, epoch: int, step: int) -> Optional[str]:
+        if statistics:  # every rank, at the step they agreed on: the checkpoint holds one network
+            statistics.sync(step)
+        return saver.save_now(run_context, epoch, step) if saver else None
+
     return GracefulStop(steps_per_epoch=steps_per_epoch, first_step=first_step,
-                        save=saver.save_now if saver else (lambda *args: None), agree=agree, barrier=barrier,
+                        save=save, agree=agree, barrier=barrier,
                         finish=record.plot if record else (lambda: None), resume_hint=resume_command(cfg, argv),
                         sink_mode=real_sink(cfg), log=log)
 

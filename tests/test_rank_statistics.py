@@ -1,0 +1,124 @@
+"""Data-parallel runs evaluate and save one network: the ranks' BatchNorm moving statistics (and
+their EMA) are made equal before every evaluation and checkpoint (src/training/rank_statistics.py),
+so the in-training evaluation of best.ckpt is eval.py's, and a run resumed from a mid-epoch
+checkpoint ends with the uninterrupted run's weights and statistics on every rank."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import NO_CURVES, PYTHON, REPO, last_json, read_metrics, run
+from netns import free_port
+from src.resnet import create_model
+from src.training.callbacks import SaveSchedule
+from src.training.checkpoint import read_checkpoint
+from src.training.rank_statistics import moving_statistics, quantizer_ranges, rank_statistics
+
+CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
+NET = "resnet10"  # the smallest of the family: what is checked here does not depend on depth
+RUN = Path(NET) / "cifar10"
+# BatchNorm trains (not frozen), so each rank's statistics move with its own batches; 2 ranks x 8:
+# 12 steps per epoch, a checkpoint every 5 steps (2_5 is global step 17, mid-epoch 2), evaluation
+# after each epoch, and the EMA (of the statistics too) evaluated beside the raw weights.
+TRAIN = ["--config_path", CONFIG, "--net_name", NET, "--batch_size", "8", "--epoch_size", "2", "--log_interval", "4",
+         "--lr_max", "0.05", "--warmup_epochs", "0", "--save_checkpoint_steps", "5", "--run_eval", "True",
+         "--model_ema", "True", "--model_ema_decay", "0.99", "--model_ema_steps", "1", "--tensorboard", "False",
+         *NO_CURVES]
+
+
+def two_ranks(cifar_dir: Path, out: Path, *extra: str) -> Path:
+    """TRAIN on 2 CPU ranks through the launcher; the run folder."""
+    launched = run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers",
+                    "2", "--device_target", "CPU", "--master_port", str(free_port()), "--output_dir", str(out),
+                    *TRAIN[2:], *extra])
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    return out / RUN
+
+
+def final_states(folder: Path) -> list:
+    return [json.loads((folder / f"final_state_rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, cifar_dir) -> Path:
+    return two_ranks(cifar_dir, tmp_path_factory.mktemp("straight"))
+
+
+def evaluate(cifar_dir: Path, checkpoint: Path, *extra: str) -> dict:
+    result = run([PYTHON, "eval.py", "--config_path", CONFIG, "--net_name", NET, "--data_path", str(cifar_dir),
+                  "--checkpoint_file_path", str(checkpoint), *extra])
+    assert result.returncode == 0, result.stderr[-2000:]
+    return last_json(result.stdout)
+
+
+@pytest.mark.slow
+def test_the_in_training_evaluation_of_best_ckpt_is_eval_py_s(straight, cifar_dir):
+    """Before, every rank scored its shard with its own statistics (resnet10, 2 ranks, 3 epochs on
+    1,000 sample images: top-1 0.9000 in training, 0.8900 for best.ckpt, rank 0's). Now the ranks end
+    equal, and the figures recorded for the best epoch are eval.py's on best.ckpt, for the raw weights
+    (top-1 and loss) and their EMA (top-1)."""
+    states = final_states(straight)
+    assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
+    assert states[0]["statistics_sha256"] == states[1]["statistics_sha256"]  # statistics and their EMA
+    best = read_checkpoint(str(straight / "best.ckpt"))
+    epoch = int(best["epoch_num"].asnumpy())
+    (row,) = [r for r in read_metrics(straight) if r["top_1"] and int(r["epoch"]) == epoch]
+    assert float(row["ema_top_1"]) == pytest.approx(float(best["top_1_accuracy"].asnumpy()), abs=1e-6)
+    raw, ema = evaluate(cifar_dir, straight / "best.ckpt"), evaluate(cifar_dir, straight / "best.ckpt", "--use_ema",
+                                                                     "True")
+    print(f"best epoch {epoch}: in training top-1 {row['top_1']} loss {row['loss']} EMA top-1 {row['ema_top_1']}; "
+          f"eval.py top-1 {raw['top_1_accuracy']:.6f} loss {raw['loss']:.6f} EMA top-1 {ema['top_1_accuracy']:.6f}")
+    assert raw["samples"] == 101
+    assert float(row["top_1"]) == pytest.approx(raw["top_1_accuracy"], abs=1e-6)
+    assert float(row["loss"]) == pytest.approx(raw["loss"], rel=1e-5)
+    assert float(row["ema_top_1"]) == pytest.approx(ema["top_1_accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_resumed_mid_epoch_ends_with_the_weights_and_statistics_of_the_uninterrupted_run(straight, cifar_dir,
+                                                                                          tmp_path):
+    """Resumed from the mid-epoch checkpoint at global step 17 (written right after the statistics
+    were made equal, as the uninterrupted run made them): every rank ends bit for bit as there, the
+    statistics included (before, rank 1 took rank 0's statistics from the checkpoint)."""
+    resumed = two_ranks(cifar_dir, tmp_path, "--resume_ckpt", str(straight / f"{NET}-2_5.ckpt"), "--run_eval", "False")
+    expected = read_checkpoint(str(straight / f"{NET}-2_12.ckpt"))
+    got = read_checkpoint(str(resumed / f"{NET}-2_12.ckpt"))
+    assert expected.keys() == got.keys()
+    differ = [name for name in expected if not np.array_equal(expected[name].asnumpy(), got[name].asnumpy())]
+    assert differ == []
+    assert final_states(resumed) == final_states(straight)  # rank 1 too: its statistics are not in a checkpoint
+
+
+def test_one_process_and_frozen_batch_norm_have_nothing_to_make_equal():
+    schedule = SaveSchedule(steps_per_epoch=12, epoch_size=2, save_epochs=1)
+    net = create_model(NET, num_classes=10)
+    assert len(moving_statistics(net)) == 24 and quantizer_ranges(net) == []
+    assert rank_statistics(net, ema_params=None, rank=0, group_size=1, schedule=schedule) is None  # untouched
+    assert len(rank_statistics(net, ema_params=None, rank=0, group_size=2, schedule=schedule).averaged) == 24
+    frozen = create_model(NET, num_classes=10, freeze_bn=True)
+    assert rank_statistics(frozen, ema_params=None, rank=0, group_size=2, schedule=schedule) is None
+
+
+def mid_epoch_saves(schedule: SaveSchedule, steps: range) -> list:
+    """The mid-epoch steps `schedule` saves at over `steps`, as the saver and RankStatistics walk them."""
+    due = []
+    for step in steps:
+        if schedule.due_in_epoch(step):
+            due.append(step)
+            schedule.saved(step)
+        if step % schedule.steps_per_epoch == 0 and schedule.due_at_epoch_end(step // schedule.steps_per_epoch):
+            schedule.saved(step)
+    return due
+
+
+def test_the_statistics_follow_the_checkpoint_schedule():
+    """Every rank makes them equal where the writer saves: every 5 steps counted from the last save,
+    an epoch's end not among them (it is saved, and made equal, as the epoch's end); a run resumed
+    from a save goes on as the uninterrupted one."""
+    def schedule(**kwargs) -> SaveSchedule:
+        return SaveSchedule(steps_per_epoch=12, epoch_size=2, save_epochs=1, save_steps=5, **kwargs)
+
+    assert mid_epoch_saves(schedule(), range(1, 25)) == [5, 10, 17, 22]
+    assert mid_epoch_saves(schedule(first_step=17), range(18, 25)) == [22]
+    assert mid_epoch_saves(schedule(periodic=False), range(1, 25)) == []
