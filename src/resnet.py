@@ -109,7 +109,9 @@ class BasicBlock(nn.Cell):
 
     def construct(self, x):
         branch = x
-        if self.input_fork is not None:
+        if isinstance(x, tuple):  # the previous block's output, handed out twice (cells.fork_block_outputs)
+            x, branch = x
+        elif self.input_fork is not None:
             x, branch = self.input_fork(x)
         identity = branch if self.downsample is None else self.downsample(branch)
         if self.norms_activate:
@@ -154,7 +156,9 @@ class Bottleneck(nn.Cell):
 
     def construct(self, x):
         branch = x
-        if self.input_fork is not None:
+        if isinstance(x, tuple):  # the previous block's output, handed out twice (cells.fork_block_outputs)
+            x, branch = x
+        elif self.input_fork is not None:
             x, branch = self.input_fork(x)
         identity = branch if self.downsample is None else self.downsample(branch)
         if self.norms_activate:

@@ -157,7 +157,8 @@ def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(arch, mode, freeze_
     evaluation outputs equal MindSpore's as closely as our NCHW convolutions alone do (two float32
     computations of the same network; a defect is orders of magnitude off), in both modes (GRAPH
     once compiled BatchNorm ops of another activation as the first one it met); and bit for bit
-    what the same layers give with MindSpore's ReLUs and additions between them.
+    what the same layers give with MindSpore's ReLUs and additions between them (and its AddN summing
+    the two gradients of each block's input, which the blocked network sums in its normalization).
     train_parity.py checks the same against PyTorch's float64 (test_train_parity.py)."""
     ms.set_seed(5)
     networks = [small_network(arch, freeze_bn, kind) for kind in ("mindspore", "mindspore", "onednn", "onednn-unfused")]
@@ -166,6 +167,9 @@ def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(arch, mode, freeze_
     assert isinstance(blocked.maxpool, OneDnnMaxPool) and isinstance(blocked.bn1, OneDnnBatchNorm2d)
     blocks = [cell for _, cell in blocked.cells_and_names() if hasattr(cell, "norm_activations")]
     assert len(blocks) > 4 and all(cell.norms_activate for cell in blocks)  # the stem and every block
+    # every residual block but the last hands its output out twice (the unfused network sums with AddN)
+    norms = [cell for _, cell in blocked.cells_and_names() if isinstance(cell, OneDnnBatchNorm2d)]
+    assert len([norm for norm in norms if norm.onednn_forks]) == len(blocks) - 2
     assert not any(cell.norms_activate for _, cell in unfused.cells_and_names() if hasattr(cell, "norms_activate"))
     assert [p.name for p in blocked.get_parameters()] == [p.name for p in reference.get_parameters()]
     rng = np.random.default_rng(3)

@@ -265,6 +265,43 @@ def batch_norm_ops(global_stats: bool) -> ops.Custom:
                                     out_dtype=_norm_forward_dtypes, func_type="aot", bprop=bprop)
 
 
+def _forked_forward_shape(x, gamma, beta, mean, variance, params, residual):
+    return (*_norm_forward_shape(x, gamma, beta, mean, variance, params, residual), x)
+
+
+def _forked_forward_dtypes(x, gamma, *others):
+    return (*_norm_forward_dtypes(x, gamma, *others), x)
+
+
+def _summed_backward_shape(x, dy, mean, variance, gamma, params, workspace, y, dy_copy):
+    return x, gamma, gamma, dy_copy  # dresidual: the residual's shape, which is the output's
+
+
+_summed_backward_dtypes = _summed_backward_shape
+
+
+class _ForkedMovingStatisticsWritten(_MovingStatisticsWritten):
+    """NormForwardForked's op: _MovingStatisticsWritten's inputs, one more output."""
+
+
+@functools.lru_cache(maxsize=None)
+def forked_batch_norm_op() -> ops.Custom:
+    """The training forward of a float32 block's last normalization (add_relu, batch statistics)
+    whose output two layers read, the next block's first convolution and its shortcut: it writes
+    the output twice, (y, batch mean, batch variance, workspace, copy of y), and its backward sums
+    the two outputs' gradients in its masking pass, where MindSpore would sum the gradients of one
+    tensor read twice with AddN, a pass of its own (onednn_conv.cpp's NORM_FORWARD_FORKED_SLOTS)."""
+    backward = _aot("NormBackwardSummed", _summed_backward_shape, _summed_backward_dtypes)
+
+    def bprop(x, gamma, beta, mean, variance, params, residual, out, dout):
+        dx, dgamma, dbeta, dresidual = backward(x, dout[0], out[1], out[2], gamma, params, out[3], out[0], dout[4])
+        return (dx, dgamma, dbeta, ops.zeros_like(mean), ops.zeros_like(variance), ops.zeros_like(params),
+                dresidual)
+
+    return _ForkedMovingStatisticsWritten(f"{LIBRARY}:NormForwardForked", out_shape=_forked_forward_shape,
+                                          out_dtype=_forked_forward_dtypes, func_type="aot", bprop=bprop)
+
+
 class OneDnnBatchNorm2d(nn.BatchNorm2d):
     """A BatchNorm2d on blocked tensors, with what follows it in its block computed in the same
     kernel as its params say ('relu', or 'add_relu' for construct(x, residual); see
@@ -277,6 +314,10 @@ class OneDnnBatchNorm2d(nn.BatchNorm2d):
         # call (batch_norm_ops says why).
         extra = self.onednn_stand_in if residual is None else residual
         use_batch = self.training if self.use_batch_statistics is None else self.use_batch_statistics
+        if use_batch and self.onednn_forks:  # (y, its copy) for the next block: see fork_block_outputs
+            out = self.onednn_forked(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
+                                     self.onednn_batch_params, extra)
+            return out[0], out[4]
         if use_batch:
             return self.onednn_batch(x, self.gamma, self.beta, self.moving_mean, self.moving_variance,
                                      self.onednn_batch_params, extra)[0]
@@ -292,6 +333,7 @@ def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none", dtype: msty
     given = record("NormParams", epsilon=cell.eps, global_stats=1.0, momentum=0.0, activation=code)
     cell.onednn_batch_params = Tensor(np.array(batch, np.float32))
     cell.onednn_global_params = Tensor(np.array(given, np.float32))
+    cell.onednn_forks = False
     cell.__class__ = OneDnnBatchNorm2d
 
 
@@ -399,6 +441,19 @@ def _hand_activations_to_norms(cell: nn.Cell, dtype: mstype.Type) -> None:
     cell.norms_activate = True
 
 
+def fork_block_outputs(net: nn.Cell) -> int:
+    """Every float32 residual block but the network's last hands its output to the next block twice
+    in training (forked_batch_norm_op), one for the next block's first convolution, one for its
+    shortcut; returns how many. Blocks take a pair as their input (src/resnet.py); evaluation and
+    frozen BatchNorms hand out the one output."""
+    blocks = [cell for _, cell in net.cells_and_names() if getattr(cell, "norms_activate", False)
+              and hasattr(cell, "last_bn") and isinstance(cell.last_bn, OneDnnBatchNorm2d)]
+    for block in blocks[:-1]:
+        block.last_bn.onednn_forked = forked_batch_norm_op()
+        block.last_bn.onednn_forks = True
+    return max(len(blocks) - 1, 0)
+
+
 def use_onednn_layers(net: nn.Cell, *, bf16: bool = False, fuse_activations: bool = True) -> str:
     """ResNet's layers in blocked layout (see the module's docstring) where the network allows it,
     else `use_onednn_convolutions`; returns which: 'blocked' or 'convolutions'. `bf16`: bfloat16
@@ -427,6 +482,8 @@ def use_onednn_layers(net: nn.Cell, *, bf16: bool = False, fuse_activations: boo
     if fuse_activations:
         for _, cell in net.cells_and_names():
             _hand_activations_to_norms(cell, dtype)
+        if not bf16:  # bfloat16 blocks fork their input instead (InputFork)
+            fork_block_outputs(net)
     pool = getattr(net, net.blocked_layers["pool"])
     kernel, stride = (value if isinstance(value, int) else value[-1] for value in (pool[1].kernel_size, pool[1].stride))
     pool.onednn = max_pool_ops(kernel, stride, 1)

@@ -21,6 +21,7 @@
 //
 // The library links against oneDNN 3.2 under a renamed SONAME (libdnnl_resnet.so.3, see build.sh):
 // MindSpore's own libdnnl.so.3 is already in the process and would otherwise be bound instead.
+#include <immintrin.h>  // SSE2's streaming stores (this library is built for x86_64 only)
 #include <omp.h>
 
 #include <algorithm>
@@ -89,6 +90,15 @@ struct PoolParams { POOL_PARAMS(INT32_FIELD) };
     F(x) F(gamma) F(beta) F(mean) F(variance) F(params) F(residual) F(y) F(batch_mean) F(batch_variance) F(workspace)
 #define NORM_BACKWARD_SLOTS(F) \
     F(x) F(dy) F(mean) F(variance) F(gamma) F(params) F(workspace) F(y) F(residual) F(dx) F(dgamma) F(dbeta) F(dresidual)
+// A block's output handed out twice (both the next block's convolution and its shortcut read it):
+// the forward of an add_relu normalization also writes y_copy, and the backward takes the copy's
+// gradient dy_copy and sums it with dy in the pass that masks them by the ReLU, where MindSpore would
+// sum the two gradients of one tensor with AddN (a pass of its own, two reads and a write). dy_copy
+// takes the residual's slot (the backward reads only its shape, that of dresidual): every other slot
+// is where NormForward's and NormBackward's are.
+#define NORM_FORWARD_FORKED_SLOTS(F) NORM_FORWARD_SLOTS(F) F(y_copy)
+#define NORM_BACKWARD_SUMMED_SLOTS(F) \
+    F(x) F(dy) F(mean) F(variance) F(gamma) F(params) F(workspace) F(y) F(dy_copy) F(dx) F(dgamma) F(dbeta) F(dresidual)
 #define POOL_FORWARD_SLOTS(F) F(x) F(params) F(y)
 #define POOL_BACKWARD_SLOTS(F) F(x) F(dy) F(params) F(dx)
 #define REORDER_SLOTS(F) F(x) F(y)
@@ -101,6 +111,11 @@ namespace conv_backward_data { enum { CONV_BACKWARD_DATA_SLOTS(SLOT_ENUM) count 
 namespace conv_backward_weights { enum { CONV_BACKWARD_WEIGHTS_SLOTS(SLOT_ENUM) count }; }
 namespace norm_forward { enum { NORM_FORWARD_SLOTS(SLOT_ENUM) count }; }
 namespace norm_backward { enum { NORM_BACKWARD_SLOTS(SLOT_ENUM) count }; }
+namespace norm_forward_forked { enum { NORM_FORWARD_FORKED_SLOTS(SLOT_ENUM) count }; }
+namespace norm_backward_summed { enum { NORM_BACKWARD_SUMMED_SLOTS(SLOT_ENUM) count }; }
+static_assert(norm_backward_summed::dy_copy == norm_backward::residual && norm_backward_summed::dx == norm_backward::dx &&
+                  norm_backward_summed::dresidual == norm_backward::dresidual && norm_backward_summed::count == norm_backward::count,
+              "NormBackwardSummed's slots are NormBackward's, dy_copy in the residual's");
 namespace pool_forward { enum { POOL_FORWARD_SLOTS(SLOT_ENUM) count }; }
 namespace pool_backward { enum { POOL_BACKWARD_SLOTS(SLOT_ENUM) count }; }
 namespace reorder_slots { enum { REORDER_SLOTS(SLOT_ENUM) count }; }
@@ -109,8 +124,14 @@ namespace fork_slots { enum { FORK_SLOTS(SLOT_ENUM) count }; }
 
 enum Kind {
     kConvForward, kConvBackwardData, kConvBackwardWeights, kNormForward, kNormBackward, kPoolForward,
-    kPoolBackward, kToPlain, kToBlocked, kSum
+    kPoolBackward, kToPlain, kToBlocked, kSum, kNormForwardForked, kNormBackwardSummed
 };
+
+bool is_norm(int kind) {
+    return kind == kNormForward || kind == kNormBackward || kind == kNormForwardForked || kind == kNormBackwardSummed;
+}
+
+bool is_norm_forward(int kind) { return kind == kNormForward || kind == kNormForwardForked; }
 
 // One tensor argument of a primitive: the memory MindSpore owns (`slot` indexes the kernel's
 // arguments), and the layout the primitive wants; when they differ, a reorder through a buffer.
@@ -384,7 +405,7 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const Nor
         auto desc = forward.workspace_desc();
         return operand(DNNL_ARG_WORKSPACE, slot, false, desc, desc);
     };
-    if (kind == kNormForward) {
+    if (is_norm_forward(kind)) {
         plan->primitive = dnnl::batch_normalization_forward(forward);
         const bool given = p.global_stats != 0.f;
         using namespace norm_forward;
@@ -396,7 +417,7 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const Nor
                           operand(DNNL_ARG_DST, y, true, data, forward.dst_desc())};
         if (relu) plan->operands.push_back(workspace(norm_forward::workspace));
         own_scratchpad(*plan, forward);
-        if (add) {  // y = max(y + residual, 0), in place
+        if (add && kind == kNormForward) {  // y = max(y + residual, 0), in place (forked: add_relu_twice)
             dnnl::post_ops relu_after;
             relu_after.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
             auto add_attr = user_scratchpad();
@@ -426,7 +447,7 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const Nor
                           operand(DNNL_ARG_DIFF_SHIFT, dbeta, true, channel, channel)};
         if (relu) plan->operands.push_back(workspace(norm_backward::workspace));
         own_scratchpad(*plan, backward);
-        if (add) {  // first dresidual = dy where the output passed the ReLU, else 0
+        if (add && kind == kNormBackward) {  // first dresidual = dy where the output passed the ReLU, else 0
             const auto algorithm = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
             auto relu_forward = dnnl::eltwise_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
                                                                       algorithm, elements, elements, 0.f, 0.f);
@@ -548,6 +569,67 @@ void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const
     std::memset(slots[norm_backward::dresidual], 0, element_count(ndims, shape) * element_size(dtype));
 }
 
+// Threads for one kernel call: all of them, or one where the work is too small to pay for waking the
+// others (on a virtual machine a parallel region's wake-up took ~90 us, more than a batch-1
+// convolution of a 32 px ResNet layer takes on one core).
+constexpr int64_t kOneThreadMacs = 4 << 20, kOneThreadElements = 64 << 10;
+
+// The two loops below select with bit masks, not branches: a branch on the sign of each element
+// mispredicted on every other one and ran at a tenth of the memory's speed (this build's -O2 does
+// not if-convert them).
+inline float kept_if(float value, bool keep) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    bits &= 0u - static_cast<uint32_t>(keep);
+    std::memcpy(&value, &bits, sizeof(bits));
+    return value;
+}
+
+// A forked normalization's residual addition and ReLU: y = y_copy = max(y + residual, 0), the float
+// operations of oneDNN's binary addition with its ReLU after (NormForward's postlude), written twice.
+void add_relu_twice(void **slots, int64_t count) {
+    float *__restrict y = static_cast<float *>(slots[norm_forward::y]);
+    float *__restrict copy = static_cast<float *>(slots[norm_forward_forked::y_copy]);
+    const float *__restrict residual = static_cast<const float *>(slots[norm_forward::residual]);
+    // The copy is read by the next block's shortcut, long after: streamed past the caches, which
+    // also spares reading its lines before writing them (a third less memory traffic than stores).
+    constexpr int64_t chunk = 1 << 14;
+    const int64_t chunks = (count + chunk - 1) / chunk;
+    auto one = [&](int64_t i) {
+        const float sum = y[i] + residual[i];
+        y[i] = copy[i] = kept_if(sum, sum > 0.f);
+    };
+#pragma omp parallel for if (count > kOneThreadElements)
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t end = std::min(count, (c + 1) * chunk);
+        int64_t i = c * chunk;
+        for (; i < end && reinterpret_cast<uintptr_t>(copy + i) % 16 != 0; ++i) one(i);
+        const __m128 zero = _mm_setzero_ps();
+        for (; i + 4 <= end; i += 4) {
+            const __m128 sum = _mm_add_ps(_mm_loadu_ps(y + i), _mm_loadu_ps(residual + i));
+            const __m128 out = _mm_and_ps(sum, _mm_cmpgt_ps(sum, zero));  // kept_if's select, four at a time
+            _mm_storeu_ps(y + i, out);
+            _mm_stream_ps(copy + i, out);
+        }
+        for (; i < end; ++i) one(i);
+        _mm_sfence();  // this thread's streamed stores are visible before the kernel returns
+    }
+}
+
+// A summed normalization's first step: dresidual = dy + dy_copy where the output passed the ReLU,
+// else 0 (the sum AddN would take, then NormBackward's prelude), in one pass.
+void masked_sum(void **slots, int64_t count) {
+    const float *__restrict y = static_cast<const float *>(slots[norm_backward::y]);
+    const float *__restrict dy = static_cast<const float *>(slots[norm_backward::dy]);
+    const float *__restrict dy_copy = static_cast<const float *>(slots[norm_backward_summed::dy_copy]);
+    float *__restrict dresidual = static_cast<float *>(slots[norm_backward::dresidual]);
+#pragma omp parallel for simd if (count > kOneThreadElements)
+    for (int64_t i = 0; i < count; ++i) {
+        const float sum = dy[i] + dy_copy[i];
+        dresidual[i] = kept_if(sum, y[i] > 0.f);
+    }
+}
+
 // The forward's in-place update of the moving statistics from the batch's (see NORM_PARAMS).
 void move_statistics(void **slots, const int64_t *x, const NormParams &p) {
     if (p.global_stats != 0.f || p.momentum <= 0.f) return;
@@ -602,6 +684,12 @@ const KernelInfo &info(Kind kind) {
         {"ToBlocked", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1,
          {reorder_slots::x, reorder_slots::y}},
         {"Sum", SUM_SLOTS(NAME_OF), sum_slots::count, -1, 0, "", -1, {}},
+        {"NormForwardForked", NORM_FORWARD_FORKED_SLOTS(NAME_OF), norm_forward_forked::count, norm_forward::params,
+         sizeof(NormParams), "float32", norm_forward::workspace,
+         {norm_forward::x, norm_forward::y, norm_forward_forked::y_copy}},
+        {"NormBackwardSummed", NORM_BACKWARD_SUMMED_SLOTS(NAME_OF), norm_backward_summed::count,
+         norm_backward::params, sizeof(NormParams), "float32", norm_backward::workspace,
+         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx, norm_backward_summed::dy_copy}},
     };
     return table[kind];
 }
@@ -649,11 +737,14 @@ std::string arguments_problem(Kind kind, int nparam, void **params, int *ndims, 
         (ndims[k.params_slot] != 1 || static_cast<size_t>(shapes[k.params_slot][0]) * 4 != k.params_size))
         return "the parameter record holds " + std::to_string(element_count(ndims[k.params_slot], shapes[k.params_slot])) +
                " values, not " + std::to_string(k.params_size / 4);
-    if (kind == kNormForward || kind == kNormBackward) {
+    if (is_norm(kind)) {
         const auto &p = *static_cast<const NormParams *>(params[k.params_slot]);
         if (p.activation != 0.f && p.activation != 1.f && p.activation != 2.f)
             return "the normalization's activation " + std::to_string(p.activation) + " is not 0, 1 or 2";
-        const int residual = kind == kNormForward ? int(norm_forward::residual) : int(norm_backward::residual);
+        if ((kind == kNormForwardForked || kind == kNormBackwardSummed) &&
+            (p.activation != 2.f || std::strcmp(dtypes[0], "float32") != 0))
+            return "a forked normalization ends a block (activation 2, add_relu) on float32 tensors";
+        const int residual = is_norm_forward(kind) ? int(norm_forward::residual) : int(norm_backward::residual);
         if (p.activation == 2.f && (element_count(ndims[residual], shapes[residual]) != element_count(4, shapes[0]) ||
                                     std::strcmp(dtypes[residual], dtypes[0]) != 0))
             return "the residual added after the normalization is not of its input's shape and type";
@@ -706,7 +797,7 @@ std::unique_ptr<Plan> make_plan(Kind kind, int *ndims, int64_t **shapes, const c
         if (p.pad_top < 0) same_padding(p, x, w);
         return conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]));
     }
-    if (kind == kNormForward || kind == kNormBackward) {
+    if (is_norm(kind)) {
         NormParams p;
         std::memcpy(&p, raw, sizeof(p));
         return norm_plan(kind, dims_of(shapes[0], 4), p, workspace_bytes, data_type(dtypes[0]));
@@ -737,10 +828,6 @@ Plan &cached_plan(State &s, const std::string &key, Make make) {
     return *found->second.plan;
 }
 
-// Threads for one kernel call: all of them, or one where the work is too small to pay for waking the
-// others (on a virtual machine a parallel region's wake-up took ~90 us, more than a batch-1
-// convolution of a 32 px ResNet layer takes on one core).
-constexpr int64_t kOneThreadMacs = 4 << 20, kOneThreadElements = 64 << 10;
 
 int plan_threads(Kind kind, int *ndims, int64_t **shapes) {
     int64_t work = 0, limit = kOneThreadElements;
@@ -777,9 +864,11 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
         if (kind == kNormBackward && static_cast<const NormParams *>(raw)->activation != 2.f)
             zero_stand_in_gradient(params, shapes[norm_backward::residual], ndims[norm_backward::residual],
                                    dtypes[norm_backward::residual]);
+        if (kind == kNormBackwardSummed) masked_sum(params, element_count(4, shapes[0]));
         execute(plan, params);
         s.stream.wait();
-        if (kind == kNormForward) move_statistics(params, shapes[0], *static_cast<const NormParams *>(raw));
+        if (kind == kNormForwardForked) add_relu_twice(params, element_count(4, shapes[0]));
+        if (is_norm_forward(kind)) move_statistics(params, shapes[0], *static_cast<const NormParams *>(raw));
         return 0;
     } catch (const dnnl::error &e) {
         return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, std::string("oneDNN: ") + e.what());
@@ -1027,7 +1116,7 @@ const char *record_fields(const std::string &record) {
 }
 
 const char *kernel_slots(const std::string &kernel) {
-    for (int kind = kConvForward; kind <= kSum; ++kind)
+    for (int kind = kConvForward; kind <= kNormBackwardSummed; ++kind)
         if (kernel == info(static_cast<Kind>(kind)).name) return info(static_cast<Kind>(kind)).slots;
     return kernel == "Fork" ? FORK_SLOTS(NAME_OF) : "";
 }
@@ -1052,6 +1141,8 @@ KERNEL(PoolBackward, kPoolBackward)
 KERNEL(ToPlain, kToPlain)
 KERNEL(ToBlocked, kToBlocked)
 KERNEL(Sum, kSum)
+KERNEL(NormForwardForked, kNormForwardForked)
+KERNEL(NormBackwardSummed, kNormBackwardSummed)
 
 EXPORT int Fork(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
     return fork_copies(nparam, params, ndims, shapes, dtypes);
