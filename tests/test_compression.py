@@ -114,7 +114,8 @@ def test_the_cpu_fake_quantizer_rounds_as_the_kernels_and_passes_gradients_insid
 
 def train_two_ranks(cifar_dir: Path, out: Path, port: int, *extra: str) -> str:
     """TRAIN through msrun on 2 CPU ranks of batch 8 (the same 12 steps), with `extra` options: both
-    ranks end at step 12 with the same trainable weights. Returns the launcher's stdout."""
+    ranks end at step 12 with the same trainable weights, BatchNorm statistics and quantization
+    ranges (src/training/rank_statistics.py). Returns the launcher's stdout."""
     launched = run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers", "2",
                     "--device_target", "CPU", "--master_port", str(port), "--output_dir", str(out),
                     *TRAIN[2:4], "--batch_size", "8", *TRAIN[6:], *extra])
@@ -122,13 +123,14 @@ def train_two_ranks(cifar_dir: Path, out: Path, port: int, *extra: str) -> str:
     states = [json.loads((out / RUN / f"final_state_rank{rank}.json").read_text()) for rank in (0, 1)]
     assert states[0]["step"] == states[1]["step"] == 12
     assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
+    assert states[0]["statistics_sha256"] == states[1]["statistics_sha256"]
     return launched.stdout
 
 
 @pytest.mark.slow
 def test_two_ranks_train_qat_to_identical_weights(cifar_dir, float_ckpt, tmp_path):
-    """Data-parallel QAT through msrun (2 CPU ranks): the weights stay equal across ranks (each rank
-    keeps the ranges of its own batches, as its BatchNorm statistics)."""
+    """Data-parallel QAT through msrun (2 CPU ranks): the ranks end with the same network, weights,
+    statistics and ranges (each range the widest the ranks saw, at every checkpoint)."""
     train_two_ranks(cifar_dir, tmp_path, 8171, *QAT, "--pre_trained", str(float_ckpt))
     assert quantizer_names(weights(tmp_path / RUN / f"{NET}-1_12.ckpt"))
 
