@@ -452,7 +452,6 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
         raise UserInputError(f"unknown net_name '{net_name}'; choose one of {', '.join(NET_NAMES)}")
     if conv_init not in CONV_INITS:
         raise UserInputError(f"unknown conv_init '{conv_init}'; choose one of {', '.join(CONV_INITS)}")
-    check_convolutions(convolutions)
     if dense_init not in DENSE_INITS:
         raise UserInputError(f"unknown dense_init '{dense_init}'; choose one of {', '.join(DENSE_INITS)}")
     net = SEResNet50(num_classes) if net_name == "se-resnet50" else _torchvision_family(net_name, num_classes)

@@ -281,7 +281,8 @@ _summed_backward_dtypes = _summed_backward_shape
 
 
 class _ForkedMovingStatisticsWritten(_MovingStatisticsWritten):
-    """NormForwardForked's op: _MovingStatisticsWritten's inputs, one more output."""
+    """NormForwardForked's op: _MovingStatisticsWritten's inputs, one more output. A class of its own:
+    GRAPH mode compiles the ops of one class in a graph alike (batch_norm_ops says so)."""
 
 
 @functools.lru_cache(maxsize=None)
