@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import NO_CURVES, PYTHON, REPO, last_json, read_metrics, run
+from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run
 from netns import free_port
 from src.resnet import create_model
 from src.training.callbacks import SaveSchedule
@@ -49,15 +49,15 @@ def evaluate(cifar_dir: Path, checkpoint: Path, *extra: str) -> dict:
     result = run([PYTHON, "eval.py", "--config_path", CONFIG, "--net_name", NET, "--data_path", str(cifar_dir),
                   "--checkpoint_file_path", str(checkpoint), *extra])
     assert result.returncode == 0, result.stderr[-2000:]
-    return last_json(result.stdout)
+    return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])  # before the report
 
 
 @pytest.mark.slow
-def test_the_in_training_evaluation_of_best_ckpt_is_eval_py_s(straight, cifar_dir):
+def test_the_in_training_evaluation_of_best_ckpt_is_eval_py_s(straight, cifar_dir, tmp_path):
     """Before, every rank scored its shard with its own statistics (resnet10, 2 ranks, 3 epochs on
     1,000 sample images: top-1 0.9000 in training, 0.8900 for best.ckpt, rank 0's). Now the ranks end
     equal, and the figures recorded for the best epoch are eval.py's on best.ckpt, for the raw weights
-    (top-1 and loss) and their EMA (top-1)."""
+    (top-1 and loss) and their EMA (top-1), and so is the run's report of best.ckpt."""
     states = final_states(straight)
     assert states[0]["trainable_sha256"] == states[1]["trainable_sha256"]
     assert states[0]["statistics_sha256"] == states[1]["statistics_sha256"]  # statistics and their EMA
@@ -65,14 +65,17 @@ def test_the_in_training_evaluation_of_best_ckpt_is_eval_py_s(straight, cifar_di
     epoch = int(best["epoch_num"].asnumpy())
     (row,) = [r for r in read_metrics(straight) if r["top_1"] and int(r["epoch"]) == epoch]
     assert float(row["ema_top_1"]) == pytest.approx(float(best["top_1_accuracy"].asnumpy()), abs=1e-6)
-    raw, ema = evaluate(cifar_dir, straight / "best.ckpt"), evaluate(cifar_dir, straight / "best.ckpt", "--use_ema",
-                                                                     "True")
+    raw = evaluate(cifar_dir, straight / "best.ckpt")
+    ema = evaluate(cifar_dir, straight / "best.ckpt", "--use_ema", "True", "--report_dir", str(tmp_path / "report"))
     print(f"best epoch {epoch}: in training top-1 {row['top_1']} loss {row['loss']} EMA top-1 {row['ema_top_1']}; "
           f"eval.py top-1 {raw['top_1_accuracy']:.6f} loss {raw['loss']:.6f} EMA top-1 {ema['top_1_accuracy']:.6f}")
     assert raw["samples"] == 101
     assert float(row["top_1"]) == pytest.approx(raw["top_1_accuracy"], abs=1e-6)
     assert float(row["loss"]) == pytest.approx(raw["loss"], rel=1e-5)
     assert float(row["ema_top_1"]) == pytest.approx(ema["top_1_accuracy"], abs=1e-6)
+    # the training's report of best.ckpt (its EMA, which best.ckpt follows) is eval.py's report
+    for name in ("per_class.csv", "confusion.csv"):
+        assert (straight / "report" / name).read_text() == (tmp_path / "report" / name).read_text(), name
 
 
 @pytest.mark.slow
