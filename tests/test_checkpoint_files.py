@@ -1,15 +1,15 @@
-"""Checkpoint files: saves that a kill cannot leave half-written, best.ckpt following the EMA,
-rotation, and the relaunch check of a folder without checkpoints. (A module of its own so the
-suite's workers share the resume tests' time.)"""
+"""Checkpoint files: saves that a kill cannot leave half-written, rotation, and the relaunch check
+of a folder without checkpoints (best.ckpt following the EMA: tests/test_rank_statistics.py). (A
+module of its own so the suite's workers share the resume tests' time.)"""
 import os
 import subprocess
 
 import mindspore as ms
 import pytest
 
-from conftest import REPO, read_metrics, run, train_args
+from conftest import REPO, train_args
 from src.errors import UserInputError
-from src.training.checkpoint import EMA_PREFIX, read_checkpoint, rotate
+from src.training.checkpoint import read_checkpoint, rotate
 from test_resume import CONFIG, NET, RUN, TRAIN, kill_when
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
@@ -27,22 +27,6 @@ def test_kill_during_saves_leaves_only_loadable_checkpoints(cifar_dir, tmp_path)
         assert finals
         for path in finals:
             read_checkpoint(str(path))  # raises on a truncated or corrupt file
-
-
-def test_best_checkpoint_holds_the_best_epoch_of_the_ema(cifar_dir, tmp_path):
-    # With model_ema on, evaluation reports raw and EMA accuracy and best.ckpt follows the EMA.
-    result = run(train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "2", "--run_eval", "True", "--save_checkpoint",
-                            "False", "--model_ema", "True", "--model_ema_decay", "0.9", "--model_ema_steps", "1"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    folder = tmp_path / RUN
-    evals = [r for r in read_metrics(folder) if r["top_1"]]
-    assert [int(r["epoch"]) for r in evals] == [1, 2]
-    assert all(r["ema_top_1"] and r["ema_top_5"] for r in evals)
-    best = max(evals, key=lambda r: (float(r["ema_top_1"]), -int(r["epoch"])))
-    stored = read_checkpoint(str(folder / "best.ckpt"))
-    assert int(stored["epoch_num"].asnumpy()) == int(best["epoch"])
-    assert float(stored["top_1_accuracy"].asnumpy()) == pytest.approx(float(best["ema_top_1"]))
-    assert len([name for name in stored if name.startswith(EMA_PREFIX)]) == 62  # resnet10: 38 trainable + 24 statistics
 
 
 def test_rotation_keeps_the_newest_and_the_newest_epoch_end(tmp_path):

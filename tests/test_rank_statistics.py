@@ -12,7 +12,7 @@ from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run
 from netns import free_port
 from src.resnet import create_model
 from src.training.callbacks import SaveSchedule
-from src.training.checkpoint import read_checkpoint
+from src.training.checkpoint import EMA_PREFIX, read_checkpoint
 from src.training.rank_statistics import moving_statistics, quantizer_ranges, rank_statistics
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
@@ -63,7 +63,12 @@ def test_the_in_training_evaluation_of_best_ckpt_is_eval_py_s(straight, cifar_di
     assert states[0]["statistics_sha256"] == states[1]["statistics_sha256"]  # statistics and their EMA
     best = read_checkpoint(str(straight / "best.ckpt"))
     epoch = int(best["epoch_num"].asnumpy())
-    (row,) = [r for r in read_metrics(straight) if r["top_1"] and int(r["epoch"]) == epoch]
+    evaluations = [r for r in read_metrics(straight) if r["top_1"]]
+    assert [int(r["epoch"]) for r in evaluations] == [1, 2] and all(r["ema_top_5"] for r in evaluations)
+    # best.ckpt follows the EMA: the epoch of its best top-1 (the earlier one on a tie), its 62 tensors beside the raw
+    assert epoch == int(max(evaluations, key=lambda r: (float(r["ema_top_1"]), -int(r["epoch"])))["epoch"])
+    assert len([name for name in best if name.startswith(EMA_PREFIX)]) == 62  # resnet10: 38 trainable + 24 statistics
+    (row,) = [r for r in evaluations if int(r["epoch"]) == epoch]
     assert float(row["ema_top_1"]) == pytest.approx(float(best["top_1_accuracy"].asnumpy()), abs=1e-6)
     raw = evaluate(cifar_dir, straight / "best.ckpt")
     ema = evaluate(cifar_dir, straight / "best.ckpt", "--use_ema", "True", "--report_dir", str(tmp_path / "report"))
