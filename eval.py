@@ -4,7 +4,7 @@
         --checkpoint_file_path output/resnet50/cifar10/resnet50-90_1562.ckpt
 
 --use_ema True evaluates the checkpoint's EMA weights (ema.*, written with --model_ema True).
---compression qat|prune evaluates a checkpoint of train.py --compression qat|prune (docs/compression.md;
+--compression qat|lsq|prune evaluates a checkpoint of train.py --compression qat|lsq|prune (docs/compression.md;
 a pruned network is rebuilt to the widths its checkpoint's weights have).
 --model_file FILE evaluates an exported file instead (.onnx float or int8 from export.py, through
 onnxruntime; .mindir through MindSpore): the same dataset, transforms and counts, every sample once,

@@ -28,7 +28,7 @@ The last line on stdout is one JSON object: path, file_format, input ("float32 N
 "uint8 NHWC"), input_shape (in that layout; null batch: dynamic), verified, max_abs_diff,
 top1_agreement, max_abs_logit, tolerance, quantization.
 
---compression qat exports a checkpoint of train.py --compression qat (MINDIR only, no --verify):
+--compression qat|lsq exports a checkpoint of train.py --compression qat|lsq (MINDIR only, no --verify):
 Golden Stick's convert turns its fake quantizers into quantization ranges (FakeQuantParam) that
 MindSpore Lite's converter reads to run int8 (docs/compression.md).
 
@@ -52,7 +52,7 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
-from src.compression import QAT
+from src.compression import QUANTIZATIONS
 from src.compression.qat import convert_for_export
 from src.config import load_config
 from src.data.host_stage import normalization_of
@@ -84,8 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     init_device(cfg.device_target, device_id=cfg.device_id, mode_name="GRAPH")
     net = network_from_checkpoint(cfg.net_name, cfg.class_num, cfg.checkpoint_file_path, use_ema=cfg.use_ema,
                                   compression=cfg.compression)
-    if cfg.compression == QAT:  # the quantization ranges as FakeQuantParam, for MindSpore Lite's int8 converter
-        net = convert_for_export(net)
+    if cfg.compression in QUANTIZATIONS:  # the ranges as FakeQuantParam, for MindSpore Lite's int8 converter
+        net = convert_for_export(net, cfg.compression)
     net.set_train(False)
 
     file_name = cfg.file_name or (f"{cfg.net_name}_int8" if calibration else cfg.net_name)

@@ -2,7 +2,7 @@
 
     python train.py --config_path config/resnet50_cifar10.yaml --data_path /data/cifar-10-batches-bin
     python train.py --config_path ... --resume True          # continue the run in its run folder
-    python train.py --config_path ... --pre_trained CKPT --compression prune|qat   # docs/compression.md
+    python train.py --config_path ... --pre_trained CKPT --compression prune|qat|lsq   # docs/compression.md
     bash scripts/run_distribute_train.sh DATASET_PATH CONFIG_PATH --workers 8
     python train.py --help                                   # every config key, its type and default
 """
@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Optional, Sequence, Tuple
 
-from src.compression import compression_convolutions
+from src.compression import LSQ, compression_convolutions
 from src.config import Config, load_config, run_dir, save_config
 from src.data.image_decode import partial_decoder
 from src.dataset import create_eval_dataset, set_start_epoch
@@ -45,6 +45,7 @@ from src.training.factory import (
     fusion_points,
     real_sink,
     seed_everything,
+    start_lsq_steps,
 )
 from src.training.faults import DivergedError, GracefulStop, TrainingStopped
 from src.training.loop import create_callbacks, replay_divergence, report_best, start_board, train_rest_of_epoch
@@ -90,6 +91,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     eval_dataset = create_eval_dataset(cfg, rank=rank, group_size=group_size) if cfg.run_eval else None
     lrs = create_schedule(cfg, steps_per_epoch, log)
     counted = model_summary(net, image_size=cfg.train_image_size)  # before THOR swaps the Conv2d/Dense cells
+    # Known before the train step copies the weights (its EMA): a fresh LSQ run starts its steps from data.
+    resume_from = resume_checkpoint(cfg, folder, steps_per_epoch, log)
+    if cfg.compression == LSQ and not resume_from:
+        start_lsq_steps(cfg, net, group_size, log)
     if cfg.optimizer == THOR:
         log(f"optimizer Thor: MindSpore's nn.thor and ModelThor in dataset sink mode, matrices refreshed every "
             f"{cfg.frequency} steps; this repository's training step (EMA, accumulation, clipping) is not used")
@@ -99,7 +104,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model = create_train_model(cfg, net, lrs, steps_per_epoch=steps_per_epoch, group_size=group_size)
 
     # Everything that can be wrong with the input is checked above; only now is anything written.
-    resume_from = resume_checkpoint(cfg, folder, steps_per_epoch, log)
     start_epoch = first_step = 0
     if resume_from:
         start_epoch, first_step = resume_position(resume_from, net, model, steps_per_epoch, cfg.epoch_size,

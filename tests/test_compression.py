@@ -29,6 +29,7 @@ RUN = Path(NET) / "cifar10"
 TRAIN = ["--config_path", CONFIG, "--net_name", NET, "--batch_size", "16", "--log_interval", "1", "--run_eval", "False",
          "--lr_max", "0.01", "--lr_decay_mode", "constant", "--warmup_epochs", "0", "--epoch_size", "1", *NO_CURVES]
 QAT = ["--compression", "qat"]
+LSQ = ["--compression", "lsq"]
 ONE_LINE = "error: "
 
 
@@ -66,6 +67,44 @@ def test_qat_trains_evaluates_and_exports(qat_run, cifar_dir, tmp_path):
     assert exported.returncode == 0, exported.stderr[-3000:]
     report = last_json(exported.stdout)
     assert report["file_format"] == "MINDIR" and Path(report["path"]).stat().st_size > 1e6
+
+
+def test_lsq_steps_start_from_the_first_training_batch_and_the_checkpoint_reads_back(cifar_dir, tmp_path):
+    """A fresh LSQ run's activation steps (src/compression/lsq.py), in process: each alpha from the
+    first training batch by LSQ's rule, the network's BatchNorm statistics, fake quantizers and mode
+    put back; its checkpoint then builds as lsq (eval.py) and converts for export (export.py).
+    Resume exactness: the QAT test covers the shared path; a resumed run starts nothing."""
+    import mindspore as ms
+
+    from src.compression.lsq import activation_quantizers
+    from src.compression.qat import CpuLearnedScaleQuant, apply_qat, convert_for_export
+    from src.config import load_config
+    from src.resnet import create_model
+    from src.training.checkpoint import network_from_checkpoint
+    from src.training.data import host_batches
+    from src.training.factory import start_lsq_steps
+    cfg = load_config(["--config_path", CONFIG, "--net_name", NET, "--data_path", str(cifar_dir), "--batch_size",
+                       "16", *LSQ], prog="train.py")
+    net = apply_qat(create_model(NET, num_classes=10), "lsq")
+    moving = {p.name: p.asnumpy().copy() for p in net.get_parameters() if ".moving_" in p.name}
+    lines = []
+    start_lsq_steps(cfg, net, 1, lines.append)
+    assert len(lines) == 1 and "in 26 quantizers" in lines[0], lines  # 12 convolutions + fc, input and output
+    images = host_batches(cfg, 0, 1, first=0, count=1)[0][0]
+    quantizers = dict(activation_quantizers(net))
+    stem = quantizers["conv1._input_quantizer"]  # it sees the images themselves
+    np.testing.assert_allclose(stem._float_max.asnumpy(), [2 * np.abs(images).mean() * np.sqrt(127)], rtol=1e-5)
+    assert all(q._float_max.asnumpy()[0] > 0 and q._float_max.asnumpy()[0] != 6 for q in quantizers.values())
+    assert all(np.array_equal(p.asnumpy(), moving[p.name]) for p in net.get_parameters() if p.name in moving)
+    assert all(isinstance(q.fake_quant_train, CpuLearnedScaleQuant) for q in quantizers.values())
+    assert not net.training
+
+    ckpt = tmp_path / "lsq.ckpt"
+    ms.save_checkpoint(net, str(ckpt))
+    read = network_from_checkpoint(NET, 10, str(ckpt), compression="lsq", log=lambda _: None)
+    np.testing.assert_array_equal(read.conv1._input_quantizer._float_max.asnumpy(), stem._float_max.asnumpy())
+    converted = convert_for_export(read, "lsq")
+    assert "FakeQuantParam" in str(converted.conv1._input_quantizer)
 
 
 @pytest.mark.slow
@@ -112,6 +151,48 @@ def test_the_cpu_fake_quantizer_rounds_as_the_kernels_and_passes_gradients_insid
     np.testing.assert_allclose(per_channel[1].asnumpy(), np.maximum(x.max(axis=(0, 2, 3)), 0))
 
 
+def lsq_reference(x: np.ndarray, alpha: np.ndarray, dout: np.ndarray, *, neg_trunc: bool = False, axis=None,
+                  quant_max: float = 127.0):
+    """The GPU kernels FakeLearnedScaleQuantPerLayer/PerChannel and their gradients, element by element
+    (float32 as they compute): r = x / alpha clipped, rounded half up onto quant_max levels, times
+    alpha; dx passes inside; dalpha sums dout x (q - r) inside, +dout above, -dout below."""
+    shape = [1] * x.ndim
+    if axis is not None:
+        shape[axis] = -1
+    a = alpha.reshape(shape) if axis is not None else alpha
+    lower = np.float32(0.0 if neg_trunc else -1.0)
+    ratio = x / a
+    quant = np.floor(np.clip(ratio, lower, 1.0) * np.float32(quant_max) + np.float32(0.5)) / np.float32(quant_max)
+    inside = (ratio >= lower) & (ratio <= 1.0)
+    each = dout * np.where(ratio > 1.0, 1.0, np.where(ratio < lower, -1.0, quant - ratio))
+    axes = tuple(i for i in range(x.ndim) if i != axis)
+    return quant * a, dout * inside, each.sum(axis=axes).reshape(alpha.shape)
+
+
+@pytest.mark.parametrize("neg_trunc, axis, alpha", [
+    (False, None, [1.5]), (True, None, [1.5]),
+    (False, 0, [1.5, -0.7, 0.4]),  # per channel, one alpha negative as LSQ's weight init makes them
+])
+def test_the_cpu_lsq_quantizer_computes_as_the_gpu_kernel_forward_and_backward(neg_trunc, axis, alpha):
+    import mindspore as ms
+
+    from src.compression.qat import CpuLearnedScaleQuant
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2.5, 2.5, (3, 4, 5, 5)).astype(np.float32)
+    dout = rng.normal(size=x.shape).astype(np.float32)
+    alpha, quant_max = np.array(alpha, np.float32), np.array([127.0], np.float32)
+    quant = CpuLearnedScaleQuant(neg_trunc, axis)
+    expected, expected_dx, expected_dalpha = lsq_reference(x, alpha, dout, neg_trunc=neg_trunc, axis=axis)
+    got = quant(ms.Tensor(x), ms.Tensor(alpha), ms.Tensor(quant_max)).asnumpy()
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert len(np.unique(got)) <= (128 if neg_trunc else 255) * len(alpha)
+    dx, dalpha, dquant_max = ms.grad(lambda *t: (quant(*t) * ms.Tensor(dout)).sum(), grad_position=(0, 1, 2))(
+        ms.Tensor(x), ms.Tensor(alpha), ms.Tensor(quant_max))
+    np.testing.assert_array_equal(dx.asnumpy(), expected_dx)
+    np.testing.assert_allclose(dalpha.asnumpy(), expected_dalpha, rtol=1e-5, atol=1e-4)
+    assert dalpha.shape == alpha.shape and float(np.abs(dquant_max.asnumpy()).max()) == 0.0
+
+
 def train_two_ranks(cifar_dir: Path, out: Path, port: int, *extra: str) -> str:
     """TRAIN through msrun on 2 CPU ranks of batch 8 (the same 12 steps), with `extra` options: both
     ranks end at step 12 with the same trainable weights, BatchNorm statistics and quantization
@@ -136,7 +217,8 @@ def test_two_ranks_train_qat_to_identical_weights(cifar_dir, float_ckpt, tmp_pat
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"compression": "int4"}, "unknown compression 'int4'; choose one of none, qat, prune"),
+    ({"compression": "int4"}, "unknown compression 'int4'; choose one of none, qat, prune, lsq"),
+    ({"compression": "lsq", "optimizer": "Thor", "pre_trained": "a.ckpt"}, "optimizer Thor"),
     ({"compression": "qat", "optimizer": "Thor", "pre_trained": "a.ckpt"}, "optimizer Thor"),
     ({"compression": "qat", "freeze_backbone": True, "pre_trained": "a.ckpt"}, "drop --freeze_backbone True"),
     ({"compression": "qat", "pre_trained": ""}, "pass --pre_trained CKPT"),
@@ -159,10 +241,31 @@ def test_the_kind_of_checkpoint_must_fit_the_run():
     check_checkpoint_compression(quantized, "q.ckpt", "qat")
 
 
+def test_lsq_and_qat_checkpoints_are_told_apart():
+    """LSQ's quantizers also hold their level count (quant_max): a checkpoint of one given for the other is one line."""
+    lsq = ["conv1.weight", "conv1._input_quantizer._float_max", "conv1._input_quantizer.quant_max"]
+    qat = ["conv1.weight", "conv1._input_quantizer._float_min", "conv1._input_quantizer._float_max"]
+    with pytest.raises(UserInputError, match="quantization-aware with learned step sizes .*; pass --compression lsq$"):
+        check_checkpoint_compression(lsq, "l.ckpt", "qat")
+    with pytest.raises(UserInputError, match="is quantization-aware \\(trained with compression qat\\); pass "
+                       "--compression qat$"):
+        check_checkpoint_compression(qat, "q.ckpt", "lsq")
+    with pytest.raises(UserInputError, match="float checkpoint \\(no learned step sizes\\); drop --compression lsq"):
+        check_checkpoint_compression(["conv1.weight"], "f.ckpt", "lsq")
+    check_checkpoint_compression(lsq, "l.ckpt", "lsq")
+
+
 def test_qat_runs_mindspores_convolutions_and_exports_mindir_only():
     assert compression_convolutions("none", "auto", "CPU") == ("auto", None)
     assert compression_convolutions("qat", "auto", "GPU") == ("auto", None)
     assert compression_convolutions("qat", "auto", "CPU")[0] == "mindspore"
+    assert compression_convolutions("lsq", "auto", "CPU") == (
+        "mindspore", "compression lsq: MindSpore's CPU convolutions (Golden Stick quantizes nn.Conv2d cells; this "
+        "repository's oneDNN layers are not used)")
+    with pytest.raises(UserInputError, match="compression lsq exports MINDIR only"):
+        check_export_compression(SimpleNamespace(compression="lsq", verify=False), "ONNX")
+    with pytest.raises(UserInputError, match="drop --verify .*eval.py --compression lsq"):
+        check_export_compression(SimpleNamespace(compression="lsq", verify=True), "MINDIR")
     cfg = SimpleNamespace(compression="qat", verify=False)
     with pytest.raises(UserInputError, match="exports MINDIR only"):
         check_export_compression(cfg, "ONNX")

@@ -2,7 +2,8 @@
 and structured channel pruning.
 
 `compression: qat` (train.py, eval.py, export.py) wraps every convolution and the fc head in Golden
-Stick's SimQAT quantization cells (src/compression/qat.py). `compression: prune` removes
+Stick's SimQAT quantization cells (src/compression/qat.py); `compression: lsq` in its LSQ cells
+(learned step sizes), the same way. `compression: prune` removes
 `prune_ratio` of the inner channels of every residual block (src/compression/prune.py); a pruned
 checkpoint is recognized by its shapes: its blocks' inner convolutions are narrower than the
 network's. The checks here are plain functions of names and config values: they import neither
@@ -12,16 +13,23 @@ from typing import Iterable, List, Optional, Tuple
 
 from src.errors import UserInputError
 
-NONE, QAT, PRUNE = "none", "qat", "prune"
-COMPRESSIONS = (NONE, QAT, PRUNE)
+NONE, QAT, PRUNE, LSQ = "none", "qat", "prune", "lsq"
+COMPRESSIONS = (NONE, QAT, PRUNE, LSQ)
+QUANTIZATIONS = (QAT, LSQ)  # the compressions that wrap the cells in Golden Stick's quantization cells
 # What a checkpoint of each compression is, and what marks it.
-KINDS = {QAT: "quantization-aware", PRUNE: "pruned"}
-MARKS = {QAT: "no fake-quantizer ranges", PRUNE: "its blocks have the network's full widths"}
-# Golden Stick's fake quantizers keep their ranges as <cell>._{input,output,weight}_quantizer._float_min/max.
+KINDS = {QAT: "quantization-aware", PRUNE: "pruned", LSQ: "quantization-aware with learned step sizes"}
+# What each compression's network is, in a sentence about it.
+NETWORKS = {QAT: "quantization-aware", PRUNE: "pruned", LSQ: "quantization-aware"}
+MARKS = {QAT: "no fake-quantizer ranges", PRUNE: "its blocks have the network's full widths",
+         LSQ: "no learned step sizes"}
+# Golden Stick's fake quantizers keep their ranges as <cell>._{input,output,weight}_quantizer._float_min/max;
+# its LSQ quantizers alone also keep their level count there, as quant_max (SimQAT's hold it as an attribute).
 QUANTIZER_MARK = "_quantizer._float_"
+LSQ_MARK = "_quantizer.quant_max"
 INSTALL_HINT = "install it with: .venv/bin/python -m pip install mindspore-gs==1.3.0 tqdm"
 # Why each compression refuses optimizer Thor (its own training path).
 THOR_CONFLICTS = {QAT: "Thor replaces the convolution cells that quantization wraps",
+                  LSQ: "Thor replaces the convolution cells that quantization wraps",
                   PRUNE: "Thor replaces the convolution cells with its own, untried on pruned widths"}
 
 
@@ -43,7 +51,7 @@ def check_compression(compression: str, *, optimizer: str = "Momentum", freeze_b
         raise UserInputError(f"compression {compression} does not combine with optimizer Thor "
                              f"({THOR_CONFLICTS[compression]}); use --optimizer Momentum")
     if freeze_backbone:
-        raise UserInputError(f"compression {compression} fine-tunes the whole {KINDS[compression]} network; "
+        raise UserInputError(f"compression {compression} fine-tunes the whole {NETWORKS[compression]} network; "
                              f"drop --freeze_backbone True")
     if pre_trained == "":
         raise UserInputError(f"compression {compression} fine-tunes a trained float network; pass --pre_trained CKPT "
@@ -55,11 +63,11 @@ def check_compression(compression: str, *, optimizer: str = "Momentum", freeze_b
 def compression_convolutions(compression: str, cpu_convolution: str, device_target: str) -> Tuple[str, Optional[str]]:
     """The cpu_convolution a run uses, and a line for the log when compression overrides it: Golden
     Stick wraps MindSpore's nn.Conv2d cells, so this repository's oneDNN layers cannot run under QAT
-    (a pruned network is made of standard layers, which they run)."""
-    if compression != QAT or device_target != "CPU" or cpu_convolution == "mindspore":
+    or LSQ (a pruned network is made of standard layers, which they run)."""
+    if compression not in QUANTIZATIONS or device_target != "CPU" or cpu_convolution == "mindspore":
         return cpu_convolution, None
-    return "mindspore", ("compression qat: MindSpore's CPU convolutions (Golden Stick quantizes nn.Conv2d cells; "
-                         "this repository's oneDNN layers are not used)")
+    return "mindspore", (f"compression {compression}: MindSpore's CPU convolutions (Golden Stick quantizes "
+                         f"nn.Conv2d cells; this repository's oneDNN layers are not used)")
 
 
 def quantizer_names(names: Iterable[str]) -> List[str]:
@@ -68,14 +76,18 @@ def quantizer_names(names: Iterable[str]) -> List[str]:
 
 
 def checkpoint_compression(names: Iterable[str], *, pruned: Optional[bool]) -> str:
-    """The compression a checkpoint was trained with: qat by its quantizer ranges, prune when its
-    shapes are narrower than the network's (`pruned`, found by the caller), else none."""
-    return QAT if quantizer_names(names) else PRUNE if pruned else NONE
+    """The compression a checkpoint was trained with: lsq by its quantizers' level counts, qat by
+    their ranges alone, prune when its shapes are narrower than the network's (`pruned`, found by the
+    caller), else none."""
+    names = list(names)
+    if quantizer_names(names):
+        return LSQ if any(LSQ_MARK in name for name in names) else QAT
+    return PRUNE if pruned else NONE
 
 
 def check_checkpoint_compression(names: Iterable[str], path: str, compression: str, *,
                                  pre_trained: bool = False, pruned: Optional[bool] = False) -> None:
-    """A checkpoint whose kind (float, QAT or pruned) does not fit the run is one line naming the
+    """A checkpoint whose kind (float, QAT, LSQ or pruned) does not fit the run is one line naming the
     fix. `pre_trained`: the weights a run starts from, which must be float (a compressed network is
     not compressed again). `pruned`: the checkpoint's blocks are narrower than the network's; None
     when it lacks the network's blocks (another network's, which the name checks report)."""

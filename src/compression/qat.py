@@ -1,4 +1,5 @@
-"""Golden Stick's simulated quantization-aware training (SimQAT) on this repository's networks.
+"""Golden Stick's quantization-aware training on this repository's networks: simulated quantization
+(SimQAT, compression qat) and learned step size quantization (LSQ, compression lsq).
 
 Golden Stick 1.3.0's `SimulatedQuantizationAwareTraining.apply` finds the cells to quantize through
 MindSpore's rewrite, which on MindSpore 2.10 does not read this repository's ResNets: resnet10
@@ -10,29 +11,50 @@ tensor, BatchNorm unfused) around every nn.Conv2d and nn.Dense. Its fake-quantiz
 GPU and Ascend only; on CPU their two steps (range update, nudged rounding) are computed here from
 standard operators (CpuMinMaxUpdate, CpuFakeQuant) in the same quantizer cells, so parameters,
 checkpoints and Golden Stick's `convert` are the same on every device.
+
+LSQ is wrapped the same way with its own policies (int8, symmetric, narrow range; weights per
+channel); its weights' step sizes start where its `apply` starts them, from their KL threshold
+(`compute_quant_param`), its activations' at 6 until a training run starts them from its first
+batch (src/compression/lsq.py: 6 left them clipped). Its kernels
+(FakeLearnedScaleQuantPerLayer/PerChannel) are GPU and Ascend only too (no CPU kernel in MindSpore
+2.10); CpuLearnedScaleQuant computes them on CPU, forward and gradient as the GPU kernel does.
 """
 import copy
 import importlib
 import importlib.util
 import os
 import sys
+from typing import Iterator, Optional, Tuple
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from src.errors import UserInputError, require_module
 
-from . import INSTALL_HINT
+from . import INSTALL_HINT, LSQ, QAT
 
 QUANTIZED_CELLS = (nn.Conv2d, nn.Dense)
 FAKE_QUANTIZERS = "mindspore_gs.quantization.simulated_quantization.simulated_fake_quantizers"
+# Each quantizing compression's algorithm in Golden Stick: its package, its class.
+ALGORITHMS = {QAT: ("mindspore_gs.quantization.simulated_quantization", "SimulatedQuantizationAwareTraining"),
+              LSQ: ("mindspore_gs.quantization.learned_step_size_quantization",
+                    "LearnedStepSizeQuantizationAwareTraining")}
+LSQ_PER_CHANNEL = "LearnedStepSizeFakeQuantizePerChannel"
 
 
-def golden_stick():
+def golden_stick(compression: str = QAT):
     """mindspore_gs, imported on first use (2-12 s), or a one-line error saying how to install it."""
     if "mindspore_gs" not in sys.modules:
         _skip_version_countdown()
-    return require_module("mindspore_gs", needed_for="compression qat", install_hint=INSTALL_HINT)
+    return require_module("mindspore_gs", needed_for=f"compression {compression}", install_hint=INSTALL_HINT)
+
+
+def _algorithm(compression: str):
+    """Golden Stick's algorithm of `compression` (qat or lsq), in its default config."""
+    golden_stick(compression)
+    package, name = ALGORITHMS[compression]
+    return getattr(importlib.import_module(package), name)()
 
 
 def _skip_version_countdown() -> None:
@@ -107,6 +129,51 @@ class CpuFakeQuant(nn.Cell):
         return passed + ops.stop_gradient(rounded - passed)
 
 
+class CpuLearnedScaleQuant(nn.Cell):
+    """FakeLearnedScaleQuantPerLayer/PerChannel (quant_delay 0, the only delay Golden Stick's LSQ
+    allows) from standard operators, as the GPU kernel computes it: r = x / alpha clipped to [-1, 1]
+    ([0, 1] with neg_trunc), rounded half up onto quant_max levels, times alpha (alpha = step size x
+    quant_max). Its gradient is the kernel's, so it is written out (bprop): dx passes where r is
+    inside the range, its ends included; dalpha sums dout x (q - r) inside, dout above the range and
+    -dout below it (also with neg_trunc, where the output below is 0 and the exact derivative 0:
+    the kernel's choice, kept)."""
+
+    def __init__(self, neg_trunc: bool = False, channel_axis=None):
+        super().__init__()
+        self.lower = 0.0 if neg_trunc else -1.0
+        self.channel_axis = channel_axis
+
+    def _alpha(self, alpha, x):
+        """alpha, broadcast along x's channel axis when per channel."""
+        if self.channel_axis is None:
+            return alpha
+        shape = [1] * x.ndim
+        shape[self.channel_axis] = -1
+        return ops.reshape(alpha, tuple(shape))
+
+    def _quantized(self, ratio, quant_max):
+        # Scalar bounds (unlike CpuFakeQuant's per-channel ranges), which Maximum/Minimum take fast and exactly.
+        return ops.floor(ops.minimum(ops.maximum(ratio, self.lower), 1.0) * quant_max + 0.5) / quant_max
+
+    def construct(self, x, alpha, quant_max):
+        alpha = self._alpha(alpha, x)
+        return self._quantized(x / alpha, quant_max) * alpha
+
+    def bprop(self, x, alpha, quant_max, out, dout):
+        """The GPU kernel's FakeLearnedScaleQuantPerLayerGrad/PerChannelGrad."""
+        ratio = x / self._alpha(alpha, x)
+        above = ops.cast(ratio > 1.0, x.dtype)
+        below = ops.cast(ratio < self.lower, x.dtype)
+        inside = 1.0 - above - below
+        each = dout * (above - below + inside * (self._quantized(ratio, quant_max) - ratio))
+        if self.channel_axis is None:
+            grad_alpha = ops.reshape(ops.reduce_sum(each), alpha.shape)
+        else:
+            axes = tuple(axis for axis in range(x.ndim) if axis != self.channel_axis)
+            grad_alpha = ops.reduce_sum(each, axes)
+        return dout * inside, grad_alpha, ops.zeros_like(quant_max)
+
+
 def _run_on_cpu(quantizer) -> None:
     """Give one of Golden Stick's simulated fake quantizers the CPU cells above (same parameters)."""
     axis = quantizer._channel_axis if quantizer.is_per_channel() else None  # noqa: SLF001
@@ -116,29 +183,64 @@ def _run_on_cpu(quantizer) -> None:
     quantizer._fake_quant_infer = fake_quant  # noqa: SLF001
 
 
-def apply_qat(net: nn.Cell) -> nn.Cell:
-    """`net` with every nn.Conv2d and nn.Dense wrapped in Golden Stick's SimQAT cells (in place;
-    parameter names keep their place: `layer1.0.conv1.weight`, `layer1.0.conv1._input_quantizer._float_min`).
-    On CPU the fake quantizers compute with CpuMinMaxUpdate and CpuFakeQuant."""
-    gs = golden_stick()
-    algorithm = gs.SimulatedQuantizationAwareTraining()
-    policy = algorithm._qat_policy  # noqa: SLF001  (the policies apply would use; apply's rewrite cannot read ResNet)
+def _lsq_quantizers(net: nn.Cell) -> Iterator[Tuple[nn.Cell, Optional[int]]]:
+    """Golden Stick's LSQ fake quantizers in `net` (the quantizers that hold quant_max), each with its
+    channel axis, None per tensor: is_per_channel() is False for both kinds (Golden Stick 1.3.0), so
+    the class tells."""
+    for _, cell in net.cells_and_names():
+        if hasattr(cell, "quant_max") and hasattr(cell, "_float_max"):
+            yield cell, cell._channel_axis if type(cell).__name__ == LSQ_PER_CHANNEL else None  # noqa: SLF001
+
+
+def _run_lsq_on_cpu(quantizer, channel_axis: Optional[int]) -> None:
+    """Give one of Golden Stick's LSQ fake quantizers CpuLearnedScaleQuant (same parameters)."""
+    fake_quant = CpuLearnedScaleQuant(quantizer._neg_trunc, channel_axis)  # noqa: SLF001
+    quantizer.fake_quant_train = fake_quant
+    quantizer.fake_quant_infer = fake_quant
+
+
+def apply_qat(net: nn.Cell, compression: str = QAT) -> nn.Cell:
+    """`net` with every nn.Conv2d and nn.Dense wrapped in Golden Stick's quantization cells of
+    `compression` (qat: SimQAT, lsq: LSQ), in place; parameter names keep their place:
+    `layer1.0.conv1.weight`, `layer1.0.conv1._input_quantizer._float_min`. On CPU the fake quantizers
+    compute with the cells above."""
+    policy = _algorithm(compression)._qat_policy  # noqa: SLF001  (apply's policies; its rewrite cannot read ResNet)
     policy.build()
-    policies = policy.get_layer_policy_map()
-    if not _wrap(net, "", policies):
-        raise UserInputError("compression qat found no nn.Conv2d or nn.Dense to quantize (this repository's oneDNN "
-                             "layers replace them); pass --cpu_convolution mindspore")
-    if ms.get_context("device_target") == "CPU":
-        simulated = importlib.import_module(FAKE_QUANTIZERS)
-        for _, cell in net.cells_and_names():
-            if isinstance(cell, simulated.SimulatedFakeQuantizerPerLayer):
-                _run_on_cpu(cell)
+    wrapped = _wrap(net, "", policy.get_layer_policy_map())
+    if not wrapped:
+        raise UserInputError(f"compression {compression} found no nn.Conv2d or nn.Dense to quantize (this "
+                             f"repository's oneDNN layers replace them); pass --cpu_convolution mindspore")
+    if compression == LSQ:
+        _start_step_sizes(net, wrapped)
+    if ms.get_context("device_target") != "CPU":
+        return net
+    if compression == LSQ:
+        for quantizer, axis in _lsq_quantizers(net):
+            _run_lsq_on_cpu(quantizer, axis)
+        return net
+    simulated = importlib.import_module(FAKE_QUANTIZERS)
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, simulated.SimulatedFakeQuantizerPerLayer):
+            _run_on_cpu(cell)
     return net
 
 
-def _wrap(cell: nn.Cell, prefix: str, policies: dict) -> int:
-    """Wrap the quantizable cells below `cell` (named from `prefix`); returns how many."""
-    wrapped = 0
+def _start_step_sizes(net: nn.Cell, wrapped: list) -> None:
+    """What LSQ's apply does after wrapping (`_reset_weights_quantization_params`, which looks at the
+    top cells only, so it is done here on the wrapped ones): each weight quantizer's step from the
+    weights' KL threshold. Its quant_max (the level count) and _float_min (which LSQ never reads
+    while training) stay constants: Golden Stick's gradient for quant_max is 0, and out of the
+    optimizer they carry no momentum into the checkpoints."""
+    for cell in wrapped:
+        cell.weight_quantizer().compute_quant_param(cell.handler().weight)
+    for quantizer, _ in _lsq_quantizers(net):
+        quantizer.quant_max.requires_grad = False
+        quantizer._float_min.requires_grad = False  # noqa: SLF001
+
+
+def _wrap(cell: nn.Cell, prefix: str, policies: dict) -> list:
+    """Wrap the quantizable cells below `cell` (named from `prefix`); returns the wrapped cells."""
+    wrapped = []
     for name, child in list(cell.name_cells().items()):
         path = prefix + name
         if type(child) in QUANTIZED_CELLS:  # exact types, as Golden Stick's policy map is keyed
@@ -149,15 +251,33 @@ def _wrap(cell: nn.Cell, prefix: str, policies: dict) -> int:
                 setattr(cell, name, quantized)
             # After setattr, which prefixes the names with the attribute alone: the whole path.
             quantized.update_parameters_name(path + ".")
-            wrapped += 1
+            wrapped.append(quantized)
         else:
             wrapped += _wrap(child, path + ".", policies)
     return wrapped
 
 
-def convert_for_export(net: nn.Cell) -> nn.Cell:
-    """The QAT network as an inference network: Golden Stick's convert replaces each fake quantizer by
-    its range (FakeQuantParam), which inference back-ends read to run int8."""
+def convert_for_export(net: nn.Cell, compression: str = QAT) -> nn.Cell:
+    """The quantization-aware network as an inference network: Golden Stick's convert replaces each
+    fake quantizer by its range (FakeQuantParam), which inference back-ends read to run int8."""
     if not any(isinstance(cell, nn.Cell) and hasattr(cell, "_weight_quantizer") for _, cell in net.cells_and_names()):
-        raise UserInputError("this network holds no quantization cells; export it without --compression qat")
-    return golden_stick().SimulatedQuantizationAwareTraining().convert(net)
+        raise UserInputError(f"this network holds no quantization cells; export it without --compression "
+                             f"{compression}")
+    if compression == LSQ:
+        _ranges_from_step_sizes(net)
+    return _algorithm(compression).convert(net)
+
+
+def _ranges_from_step_sizes(net: nn.Cell) -> None:
+    """LSQ learns alpha (step size x quant_max) in _float_max alone and clips at +-|alpha| (the weights'
+    alpha starts negative: compute_quant_param swaps min and max), while convert reads the range from
+    _float_min and _float_max: both are set to -|alpha|, |alpha|, so the exported scale is the learned
+    step. And its per-channel quantizer says it is per tensor (Golden Stick 1.3.0), so convert would
+    write its per-channel scales marked per tensor, with no channel axis: it is told its axis."""
+    for quantizer, axis in _lsq_quantizers(net):
+        alpha = np.abs(quantizer._float_max.asnumpy())  # noqa: SLF001
+        quantizer._float_min.set_data(ms.Tensor(-alpha))  # noqa: SLF001
+        quantizer._float_max.set_data(ms.Tensor(alpha))  # noqa: SLF001
+        if axis is not None:
+            quantizer.is_per_channel = lambda: True
+            quantizer.channel_axis = lambda axis=axis: axis

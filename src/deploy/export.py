@@ -9,7 +9,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 import mindspore as ms
 import numpy as np
 
-from src.compression import QAT, check_compression
+from src.compression import QUANTIZATIONS, check_compression
 from src.config import Config
 from src.data.host_stage import Normalization, host_normalize
 from src.dataset import create_dataset
@@ -196,19 +196,19 @@ class ExportRequest(NamedTuple):
 
 
 def check_export_compression(cfg: Config, file_format: str) -> None:
-    """A QAT checkpoint exports as MINDIR only, unverified: its converted network carries the
+    """A QAT or LSQ checkpoint exports as MINDIR only, unverified: its converted network carries the
     quantization ranges as FakeQuantParam, which only MindSpore Lite's converter reads."""
     check_compression(cfg.compression)
-    if cfg.compression != QAT:
+    if cfg.compression not in QUANTIZATIONS:
         return
     if file_format != "MINDIR":
-        raise UserInputError(f"compression qat exports MINDIR only (MindSpore's {file_format} export has no "
-                             f"FakeQuantParam, the quantization ranges); pass --file_format MINDIR, or export the "
-                             f"float checkpoint with --file_format ONNX --quantize int8")
+        raise UserInputError(f"compression {cfg.compression} exports MINDIR only (MindSpore's {file_format} export "
+                             f"has no FakeQuantParam, the quantization ranges); pass --file_format MINDIR, or export "
+                             f"the float checkpoint with --file_format ONNX --quantize int8")
     if cfg.verify:
         raise UserInputError("--verify runs the file in MindSpore, which has no kernel for the quantization ranges "
-                             "(FakeQuantParam) of a converted QAT network; drop --verify and evaluate the "
-                             "checkpoint with eval.py --compression qat")
+                             "(FakeQuantParam) of a converted quantization-aware network; drop --verify and "
+                             f"evaluate the checkpoint with eval.py --compression {cfg.compression}")
 
 
 def check_export_request(cfg: Config) -> ExportRequest:

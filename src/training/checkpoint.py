@@ -11,7 +11,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, nn
 
-from src.compression import NONE, PRUNE, QAT, check_checkpoint_compression
+from src.compression import NONE, PRUNE, QUANTIZATIONS, check_checkpoint_compression
 from src.compression.prune import full_widths, narrow_blocks, pruned_widths
 from src.compression.qat import apply_qat
 from src.errors import UserInputError
@@ -301,12 +301,12 @@ def compressed(net: nn.Cell, *, compression: str, convolutions: str = "mindspore
                widths: Optional[Sequence[int]] = None) -> nn.Cell:
     """`net`, built with nn.Conv2d, made the network a `compression` run trains, in place: narrowed
     to a pruned network's inner `widths` (first: this repository's CPU layers replace the nn.Conv2d
-    cells it narrows), computing with `convolutions`, and quantization-aware for qat."""
+    cells it narrows), computing with `convolutions`, and quantization-aware for qat and lsq."""
     if widths is not None:
         narrow_blocks(net, widths)
     use_convolutions(net, convolutions)
-    if compression == QAT:
-        apply_qat(net)
+    if compression in QUANTIZATIONS:
+        apply_qat(net, compression)
     return net
 
 
@@ -314,7 +314,7 @@ def network_from_checkpoint(net_name: str, class_num: int, path: str, *, use_ema
                             convolutions: str = "mindspore", compression: str = NONE,
                             log: Callable[[str], None] = print) -> nn.Cell:
     """A new `net_name` network with `class_num` classes holding the weights of `path` (its EMA
-    weights with `use_ema`): quantization-aware with `compression` qat, narrowed to the
+    weights with `use_ema`): quantization-aware with `compression` qat or lsq, narrowed to the
     checkpoint's own inner widths with `compression` prune. A checkpoint of another network, or of
     another compression, is one error line."""
     net = create_model(net_name, num_classes=class_num)

@@ -8,7 +8,8 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Model
 
-from src.compression import PRUNE, QAT, check_compression
+from src.compression import LSQ, PRUNE, QAT, check_compression
+from src.compression.lsq import start_activation_steps
 from src.compression.prune import full_widths, prune_blocks, pruned_widths
 from src.config import Config
 from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
@@ -16,7 +17,7 @@ from src.dataset import create_train_input_stage
 from src.errors import UserInputError
 from src.resnet import create_model
 from src.training.checkpoint import compressed, load_pretrained
-from src.training.data import data_recipe
+from src.training.data import data_recipe, iter_host_batches
 from src.training.distributed import check_fusion_points, fusion_split_points
 from src.training.loss import loss_from_config
 from src.training.lr_schedule import create_lr_schedule, create_thor_lr_schedule, warmup_cut_short
@@ -56,7 +57,7 @@ def create_schedule(cfg: Config, steps_per_epoch: int, log=print) -> np.ndarray:
 def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> nn.Cell:
     """The config's network, its pre-trained weights loaded, its backbone frozen where asked, and
     with `compression` made what it trains after the float weights are in: pruned (prune, before
-    this repository's CPU layers replace the nn.Conv2d cells it narrows) or quantization-aware (qat)."""
+    this repository's CPU layers replace the nn.Conv2d cells it narrows) or quantization-aware (qat, lsq)."""
     if cfg.freeze_backbone and not cfg.pre_trained:
         raise UserInputError("freeze_backbone True trains only the head on top of pre-trained features; pass "
                              "--pre_trained CKPT (with --filter_weight True for another class_num)")
@@ -76,6 +77,10 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
     if cfg.compression == QAT:
         log("compression qat: Golden Stick's SimQAT cells around every convolution and the fc head (int8 weights "
             "per channel, activations per tensor); checkpoints hold the quantization-aware network")
+    if cfg.compression == LSQ:
+        log("compression lsq: Golden Stick's LSQ cells around every convolution and the fc head (int8, symmetric, "
+            "weights per channel, activations per tensor, step sizes learned); checkpoints hold the "
+            "quantization-aware network")
     if cfg.freeze_backbone:
         total, trained = parameter_counts(net)
         log(f"freeze_backbone: training the head only ({trained:,} of {total:,} values); BatchNorm in "
@@ -97,6 +102,17 @@ def prune(net: nn.Cell, prune_ratio: float, *, image_size: int, log=print) -> Li
         f"filters, kept in multiples of 16): parameters {before['parameters']:,} -> {after['parameters']:,}, GFLOPs "
         f"{format_gflops(before['gflops'])} -> {format_gflops(after['gflops'])} per image at {image_size} px")
     return widths
+
+
+def start_lsq_steps(cfg: Config, net: nn.Cell, group_size: int, log=print) -> None:
+    """Start the activation step sizes of a fresh LSQ run from its first training batch (rank 0's,
+    on every rank, so every rank gets the same alphas; src/compression/lsq.py says why) and log
+    their span."""
+    batches = (images for images, _ in iter_host_batches(cfg, 0, group_size, first=0, count=1))
+    alphas = start_activation_steps(net, batches)
+    log(f"compression lsq: activation step sizes started from the first training batch (LSQ's 2 mean|x| / "
+        f"sqrt(127), BatchNorm on the batch's statistics): alpha {min(alphas.values()):.3g} to "
+        f"{max(alphas.values()):.3g} in {len(alphas)} quantizers")
 
 
 def fusion_points(cfg: Config, net) -> list:
