@@ -107,6 +107,14 @@ def test_lsq_steps_start_from_the_first_training_batch_and_the_checkpoint_reads_
     assert "FakeQuantParam" in str(converted.conv1._input_quantizer)
 
 
+def test_lsq_trains_with_one_allreduce_per_gradient():
+    """MindSpore 2.10 fails to fuse LSQ's gradients (src/training/factory.py fusion_points)."""
+    from src.training.factory import fusion_points
+    assert fusion_points(SimpleNamespace(compression="lsq", all_reduce_fusion_config=[]), None) == []
+    with pytest.raises(UserInputError, match="drop --all_reduce_fusion_config$"):
+        fusion_points(SimpleNamespace(compression="lsq", all_reduce_fusion_config=[10, 20]), None)
+
+
 @pytest.mark.slow
 def test_stopped_and_resumed_qat_run_equals_the_uninterrupted_one(qat_run, cifar_dir, float_ckpt, tmp_path):
     args = train_args(TRAIN, cifar_dir, tmp_path, *QAT, "--pre_trained", str(float_ckpt))

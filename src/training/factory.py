@@ -116,7 +116,15 @@ def start_lsq_steps(cfg: Config, net: nn.Cell, group_size: int, log=print) -> No
 
 
 def fusion_points(cfg: Config, net) -> list:
-    """The allreduce fusion split points: the config's (validated) or derived from the network."""
+    """The allreduce fusion split points: the config's (validated) or derived from the network;
+    none under compression lsq (one allreduce per gradient): MindSpore 2.10 failed to fuse LSQ's
+    gradients ("Memory not enough ... Continuous memory conflicted" at the first step, with the
+    step sizes' gradients in a fused group), and fused nothing when no split point was set."""
+    if cfg.compression == LSQ:
+        if cfg.all_reduce_fusion_config:
+            raise UserInputError("compression lsq trains with one allreduce per gradient (MindSpore 2.10 fails to "
+                                 "fuse its step sizes' gradients); drop --all_reduce_fusion_config")
+        return []
     sizes = [int(np.prod(p.shape)) for p in net.trainable_params()]
     if cfg.all_reduce_fusion_config:
         return check_fusion_points(cfg.all_reduce_fusion_config, len(sizes))
