@@ -18,6 +18,7 @@ from src.compression import (
     compression_convolutions,
     quantizer_names,
 )
+from src.cpu_convolution import unavailable_reason
 from src.deploy.export import check_export_compression
 from src.errors import UserInputError
 from src.training.checkpoint import read_checkpoint
@@ -157,6 +158,53 @@ def test_the_cpu_fake_quantizer_rounds_as_the_kernels_and_passes_gradients_insid
                                                   ms.Tensor(np.zeros(3, np.float32)))
     np.testing.assert_allclose(per_channel[0].asnumpy(), np.minimum(x.min(axis=(0, 2, 3)), 0))
     np.testing.assert_allclose(per_channel[1].asnumpy(), np.maximum(x.max(axis=(0, 2, 3)), 0))
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
+@pytest.mark.parametrize("symmetric, narrow_range, axis, shape", [
+    (False, False, None, (4, 8, 5, 5)),   # activations: per tensor
+    (True, True, 0, (8, 3, 3, 3)),        # convolution weights: per output channel, symmetric
+    (True, False, 0, (10, 16)),           # the fc head's weights
+    (False, False, 1, (2, 6, 4, 4)),      # a channel axis other than the first
+])
+def test_the_fake_quant_kernel_computes_the_bits_of_the_standard_operators(symmetric, narrow_range, axis, shape):
+    import mindspore as ms
+    from mindspore import ops
+
+    from src.compression.qat import CpuFakeQuant
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=shape) * 2).astype(np.float32)
+    x[x < -1] = 0.0  # exact zeros, as after a ReLU: on the end of a range that starts at 0
+    ranges = 1 if axis is None else shape[axis]
+    low = rng.uniform(-1.5, 0, ranges).astype(np.float32)
+    low[0] = 0.0
+    high = rng.uniform(0.1, 2, ranges).astype(np.float32)
+    dout = ms.Tensor(rng.normal(size=shape).astype(np.float32))
+    results = []
+    for kernel in (True, False):
+        quant = CpuFakeQuant(8, symmetric, narrow_range, axis, kernel=kernel)
+        inputs = (ms.Tensor(x), ms.Tensor(low), ms.Tensor(high))
+        results.append((quant(*inputs).asnumpy(), ops.GradOperation(sens_param=True)(quant)(*inputs, dout).asnumpy()))
+    (forward, gradient), (standard_forward, standard_gradient) = results
+    assert np.array_equal(forward, standard_forward) and np.array_equal(gradient, standard_gradient)
+    assert 0 < np.count_nonzero(gradient) < gradient.size  # some elements inside the range, some outside
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
+def test_a_fake_quant_range_of_another_channel_count_is_one_line_naming_the_kernel():
+    import mindspore as ms
+
+    from src.compression.qat import CpuFakeQuant
+    from src.cpu_convolution.library import take_error
+    from src.errors import explain_native_errors_with, user_error_message
+    explain_native_errors_with(take_error)
+    quant = CpuFakeQuant(8, True, True, 0, kernel=True)
+    with pytest.raises(RuntimeError) as raised:
+        quant(ms.Tensor(np.ones((8, 3, 3, 3), np.float32)), ms.Tensor(np.zeros(4, np.float32)),
+              ms.Tensor(np.ones(4, np.float32))).asnumpy()
+    message = user_error_message(raised.value)
+    assert message.startswith("a CPU layer failed: FakeQuant(x float32[8,3,3,3], low float32[4]")
+    assert "\n" not in message
 
 
 def lsq_reference(x: np.ndarray, alpha: np.ndarray, dout: np.ndarray, *, neg_trunc: bool = False, axis=None,

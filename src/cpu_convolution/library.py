@@ -20,6 +20,7 @@ RECORDS: Dict[str, Tuple[str, ...]] = {
                    "dilation_w", "groups", "bf16", "layout", "inference"),
     "NormParams": ("epsilon", "global_stats", "momentum", "activation"),
     "PoolParams": ("kernel", "stride", "pad"),
+    "QuantParams": ("quant_min", "quant_max", "symmetric", "channel_axis"),
 }
 SLOTS: Dict[str, Tuple[str, ...]] = {
     "ConvForward": ("x", "w", "params", "y"),
@@ -39,6 +40,8 @@ SLOTS: Dict[str, Tuple[str, ...]] = {
     "ToBlocked": ("x", "y"),
     "Sum": ("a", "b", "y"),
     "Fork": ("x", "a", "b"),
+    "FakeQuant": ("x", "low", "high", "params", "y"),
+    "FakeQuantGrad": ("x", "low", "high", "params", "dy", "dx"),
 }
 
 

@@ -11,6 +11,7 @@ from mindspore.train import Model
 from src.compression import LSQ, PRUNE, QAT, check_compression
 from src.compression.lsq import start_activation_steps
 from src.compression.prune import full_widths, prune_blocks, pruned_widths
+from src.compression.qat import cpu_fake_quantizers
 from src.config import Config
 from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
 from src.dataset import create_train_input_stage
@@ -76,7 +77,8 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
     compressed(net, compression=cfg.compression, convolutions=convolutions)
     if cfg.compression == QAT:
         log("compression qat: Golden Stick's SimQAT cells around every convolution and the fc head (int8 weights "
-            "per channel, activations per tensor); checkpoints hold the quantization-aware network")
+            "per channel, activations per tensor); checkpoints hold the quantization-aware network"
+            + (f"; on CPU {cpu_fake_quantizers()}" if cfg.device_target == "CPU" else ""))
     if cfg.compression == LSQ:
         log("compression lsq: Golden Stick's LSQ cells around every convolution and the fc head (int8, symmetric, "
             "weights per channel, activations per tensor, step sizes learned); checkpoints hold the "
