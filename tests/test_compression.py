@@ -207,6 +207,33 @@ def test_a_fake_quant_range_of_another_channel_count_is_one_line_naming_the_kern
     assert "\n" not in message
 
 
+@pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
+@pytest.mark.parametrize("neg_trunc, axis, shape, alphas", [
+    (False, None, (4, 8, 5, 5), 1), (True, None, (4, 8, 5, 5), 1),  # activations: one alpha
+    (False, 0, (70, 64, 3, 3), 70),  # weights: an alpha per output channel, over several of the kernel's chunks
+])
+def test_the_lsq_kernel_computes_as_the_standard_operators(neg_trunc, axis, shape, alphas):
+    import mindspore as ms
+    from mindspore import ops
+
+    from src.compression.qat import CpuLearnedScaleQuant
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=shape) * 1.2).astype(np.float32)
+    alpha = rng.uniform(0.1, 1.5, alphas).astype(np.float32)
+    alpha[-1] = -alpha[-1]  # LSQ's weight init makes some negative
+    inputs = (ms.Tensor(x), ms.Tensor(alpha), ms.Tensor(np.array([127.0], np.float32)))
+    dout = ms.Tensor(rng.normal(size=shape).astype(np.float32))
+    results = []
+    for kernel in (True, False):
+        quant = CpuLearnedScaleQuant(neg_trunc, axis, kernel=kernel)
+        dx, dalpha, _ = ops.GradOperation(get_all=True, sens_param=True)(quant)(*inputs, dout)
+        results.append((quant(*inputs).asnumpy(), dx.asnumpy(), dalpha.asnumpy()))
+    (forward, dx, dalpha), (standard_forward, standard_dx, standard_dalpha) = results
+    assert np.array_equal(forward, standard_forward) and np.array_equal(dx, standard_dx)
+    np.testing.assert_allclose(dalpha, standard_dalpha, rtol=1e-5, atol=1e-5)  # sums added in another order
+    assert dalpha.shape == (alphas,) and 0 < np.count_nonzero(dx) < dx.size
+
+
 def lsq_reference(x: np.ndarray, alpha: np.ndarray, dout: np.ndarray, *, neg_trunc: bool = False, axis=None,
                   quant_max: float = 127.0):
     """The GPU kernels FakeLearnedScaleQuantPerLayer/PerChannel and their gradients, element by element

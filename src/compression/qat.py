@@ -30,7 +30,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from src.cpu_convolution import fake_quant_op, unavailable_reason
+from src.cpu_convolution import fake_quant_op, learned_scale_quant_ops, unavailable_reason
 from src.cpu_convolution.cells import record
 from src.errors import UserInputError, require_module
 
@@ -152,12 +152,17 @@ class CpuLearnedScaleQuant(nn.Cell):
     quant_max). Its gradient is the kernel's, so it is written out (bprop): dx passes where r is
     inside the range, its ends included; dalpha sums dout x (q - r) inside, dout above the range and
     -dout below it (also with neg_trunc, where the output below is 0 and the exact derivative 0:
-    the kernel's choice, kept)."""
+    the kernel's choice, kept). With `kernel` float32 inputs take src/cpu_convolution's
+    LearnedScaleQuant instead, one op each way: the forward's bits and dx's, dalpha to float32
+    rounding (its sums are added in another order)."""
 
-    def __init__(self, neg_trunc: bool = False, channel_axis=None):
+    def __init__(self, neg_trunc: bool = False, channel_axis=None, kernel: bool = False):
         super().__init__()
         self.lower = 0.0 if neg_trunc else -1.0
         self.channel_axis = channel_axis
+        self.kernel, self.kernel_gradient = learned_scale_quant_ops() if kernel else (None, None)
+        self.params = ms.Tensor(np.array(record("LsqParams", lower=self.lower, channel_axis=-1.0 if channel_axis is None
+                                                else float(channel_axis)), np.float32))
 
     def _alpha(self, alpha, x):
         """alpha, broadcast along x's channel axis when per channel."""
@@ -172,11 +177,16 @@ class CpuLearnedScaleQuant(nn.Cell):
         return ops.floor(ops.minimum(ops.maximum(ratio, self.lower), 1.0) * quant_max + 0.5) / quant_max
 
     def construct(self, x, alpha, quant_max):
+        if self.kernel is not None and x.dtype == ms.float32:
+            return self.kernel(x, alpha, quant_max, self.params)
         alpha = self._alpha(alpha, x)
         return self._quantized(x / alpha, quant_max) * alpha
 
     def bprop(self, x, alpha, quant_max, out, dout):
         """The GPU kernel's FakeLearnedScaleQuantPerLayerGrad/PerChannelGrad."""
+        if self.kernel_gradient is not None and x.dtype == ms.float32:
+            dx, grad_alpha = self.kernel_gradient(x, alpha, quant_max, self.params, dout)
+            return dx, grad_alpha, ops.zeros_like(quant_max)
         ratio = x / self._alpha(alpha, x)
         above = ops.cast(ratio > 1.0, x.dtype)
         below = ops.cast(ratio < self.lower, x.dtype)
@@ -216,9 +226,9 @@ def _lsq_quantizers(net: nn.Cell) -> Iterator[Tuple[nn.Cell, Optional[int]]]:
             yield cell, cell._channel_axis if type(cell).__name__ == LSQ_PER_CHANNEL else None  # noqa: SLF001
 
 
-def _run_lsq_on_cpu(quantizer, channel_axis: Optional[int]) -> None:
+def _run_lsq_on_cpu(quantizer, channel_axis: Optional[int], kernel: bool) -> None:
     """Give one of Golden Stick's LSQ fake quantizers CpuLearnedScaleQuant (same parameters)."""
-    fake_quant = CpuLearnedScaleQuant(quantizer._neg_trunc, channel_axis)  # noqa: SLF001
+    fake_quant = CpuLearnedScaleQuant(quantizer._neg_trunc, channel_axis, kernel)  # noqa: SLF001
     quantizer.fake_quant_train = fake_quant
     quantizer.fake_quant_infer = fake_quant
 
@@ -238,12 +248,12 @@ def apply_qat(net: nn.Cell, compression: str = QAT) -> nn.Cell:
         _start_step_sizes(net, wrapped)
     if ms.get_context("device_target") != "CPU":
         return net
+    kernel = unavailable_reason() is None
     if compression == LSQ:
         for quantizer, axis in _lsq_quantizers(net):
-            _run_lsq_on_cpu(quantizer, axis)
+            _run_lsq_on_cpu(quantizer, axis, kernel)
         return net
     simulated = importlib.import_module(FAKE_QUANTIZERS)
-    kernel = unavailable_reason() is None
     for _, cell in net.cells_and_names():
         if isinstance(cell, simulated.SimulatedFakeQuantizerPerLayer):
             _run_on_cpu(cell, kernel)

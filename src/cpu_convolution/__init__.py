@@ -16,6 +16,7 @@ from src.cpu_convolution.cells import (
     OneDnnConv2d,
     all_finite_op,
     fake_quant_op,
+    learned_scale_quant_ops,
     momentum_step_op,
     unscale_all_finite_op,
     use_onednn_convolutions,
@@ -39,8 +40,9 @@ IMPLEMENTATIONS = ("mindspore", "onednn", "onednn-bf16")
 CPU_AMP_DTYPES = ("auto", "bfloat16", "float32")
 
 __all__ = ["CPU_AMP_DTYPES", "CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "ProbeLayer", "all_finite_op",
-           "choose_convolutions", "fake_quant_op", "momentum_step_op", "set_threads", "unavailable_reason",
-           "unscale_all_finite_op", "use_onednn_convolutions", "use_onednn_layers", "uses_onednn", "weights_frozen"]
+           "choose_convolutions", "fake_quant_op", "learned_scale_quant_ops", "momentum_step_op", "set_threads",
+           "unavailable_reason", "unscale_all_finite_op", "use_onednn_convolutions", "use_onednn_layers", "uses_onednn",
+           "weights_frozen"]
 
 
 def uses_onednn(net: nn.Cell) -> bool:

@@ -210,6 +210,20 @@ def fake_quant_op() -> ops.Custom:
     return _aot("FakeQuant", _of_input(0), _of_input(0), bprop)
 
 
+def _x_and_alpha(x, alpha, *others):
+    return x, alpha
+
+
+@functools.lru_cache(maxsize=None)
+def learned_scale_quant_ops() -> Tuple[ops.Custom, ops.Custom]:
+    """Golden Stick's LSQ fake quantizer in float32 kernels, as (forward, gradient): (x, alpha,
+    quant_max, params) -> y and (x, alpha, quant_max, params, dy) -> (dx, dalpha), the LsqParams
+    record `params` saying its lower end and channel axis; the caller's bprop runs the gradient
+    (src/compression/qat.py's CpuLearnedScaleQuant, whose standard operators compute the same)."""
+    return (_aot("LearnedScaleQuant", _of_input(0), _of_input(0)),
+            _aot("LearnedScaleQuantGrad", _x_and_alpha, _x_and_alpha))
+
+
 class _InputsWritten(ops.Custom):
     """A Custom op that writes some inputs in place (its class's signature marks them RW_WRITE)."""
 

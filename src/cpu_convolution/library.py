@@ -21,6 +21,7 @@ RECORDS: Dict[str, Tuple[str, ...]] = {
     "NormParams": ("epsilon", "global_stats", "momentum", "activation"),
     "PoolParams": ("kernel", "stride", "pad"),
     "QuantParams": ("quant_min", "quant_max", "symmetric", "channel_axis"),
+    "LsqParams": ("lower", "channel_axis"),
 }
 SLOTS: Dict[str, Tuple[str, ...]] = {
     "ConvForward": ("x", "w", "params", "y"),
@@ -42,6 +43,8 @@ SLOTS: Dict[str, Tuple[str, ...]] = {
     "Fork": ("x", "a", "b"),
     "FakeQuant": ("x", "low", "high", "params", "y"),
     "FakeQuantGrad": ("x", "low", "high", "params", "dy", "dx"),
+    "LearnedScaleQuant": ("x", "alpha", "quant_max", "params", "y"),
+    "LearnedScaleQuantGrad": ("x", "alpha", "quant_max", "params", "dy", "dx", "dalpha"),
 }
 
 

@@ -82,7 +82,7 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
     if cfg.compression == LSQ:
         log("compression lsq: Golden Stick's LSQ cells around every convolution and the fc head (int8, symmetric, "
             "weights per channel, activations per tensor, step sizes learned); checkpoints hold the "
-            "quantization-aware network")
+            "quantization-aware network" + (f"; on CPU {cpu_fake_quantizers()}" if cfg.device_target == "CPU" else ""))
     if cfg.freeze_backbone:
         total, trained = parameter_counts(net)
         log(f"freeze_backbone: training the head only ({trained:,} of {total:,} values); BatchNorm in "

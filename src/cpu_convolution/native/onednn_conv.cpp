@@ -73,6 +73,9 @@ using dt = dnnl::memory::data_type;
 // made symmetric around 0) and channel_axis (the axis along which low and high hold one range per
 // channel; -1: one range for the tensor).
 #define QUANT_PARAMS(F) F(quant_min) F(quant_max) F(symmetric) F(channel_axis)
+// LsqParams (float32): a learned-step-size quantizer's lower end (-1, or 0 for neg_trunc) and its
+// channel_axis (along which alpha holds one value per channel; -1: one alpha for the tensor).
+#define LSQ_PARAMS(F) F(lower) F(channel_axis)
 
 #define INT32_FIELD(name) int32_t name;
 #define FLOAT_FIELD(name) float name;
@@ -81,6 +84,7 @@ struct ConvParams { CONV_PARAMS(INT32_FIELD) };
 struct NormParams { NORM_PARAMS(FLOAT_FIELD) };
 struct PoolParams { POOL_PARAMS(INT32_FIELD) };
 struct QuantParams { QUANT_PARAMS(FLOAT_FIELD) };
+struct LsqParams { LSQ_PARAMS(FLOAT_FIELD) };
 
 // Each kernel's argument slots, inputs then outputs. The normalization kernels' slots are the same
 // whatever the activation: MindSpore compiles every forward of a graph (a Custom op declaring inputs
@@ -112,6 +116,8 @@ struct QuantParams { QUANT_PARAMS(FLOAT_FIELD) };
 #define FORK_SLOTS(F) F(x) F(a) F(b)
 #define FAKE_QUANT_SLOTS(F) F(x) F(low) F(high) F(params) F(y)
 #define FAKE_QUANT_GRAD_SLOTS(F) F(x) F(low) F(high) F(params) F(dy) F(dx)
+#define LSQ_SLOTS(F) F(x) F(alpha) F(quant_max) F(params) F(y)
+#define LSQ_GRAD_SLOTS(F) F(x) F(alpha) F(quant_max) F(params) F(dy) F(dx) F(dalpha)
 
 #define SLOT_ENUM(name) name,
 namespace conv_forward { enum { CONV_FORWARD_SLOTS(SLOT_ENUM) count }; }
@@ -131,6 +137,8 @@ namespace sum_slots { enum { SUM_SLOTS(SLOT_ENUM) count }; }
 namespace fork_slots { enum { FORK_SLOTS(SLOT_ENUM) count }; }
 namespace fake_quant { enum { FAKE_QUANT_SLOTS(SLOT_ENUM) count }; }
 namespace fake_quant_grad { enum { FAKE_QUANT_GRAD_SLOTS(SLOT_ENUM) count }; }
+namespace lsq { enum { LSQ_SLOTS(SLOT_ENUM) count }; }
+namespace lsq_grad { enum { LSQ_GRAD_SLOTS(SLOT_ENUM) count }; }
 
 enum Kind {
     kConvForward, kConvBackwardData, kConvBackwardWeights, kNormForward, kNormBackward, kPoolForward,
@@ -1057,6 +1065,99 @@ int fake_quant_backward(int nparam, void **params, int *ndims, int64_t **shapes,
     });
 }
 
+// Golden Stick's LSQ fake quantizer on CPU (qat.py's CpuLearnedScaleQuant), as FakeQuant above: one
+// kernel each way instead of its standard operators, the same float32 steps in the same order. With
+// alpha per tensor or per channel: r = x / alpha, q = floor(min(max(r, lower), 1) * quant_max + 0.5) /
+// quant_max, y = q * alpha. The gradient: dx = dy inside [lower, 1] (ends included), else 0; dalpha
+// sums dy * (above - below + inside * (q - r)) per alpha, in a fixed order whatever the thread count
+// (double partial sums over fixed chunks, added in order), so it matches the standard operators'
+// ReduceSum to float32 rounding, not bit for bit.
+struct LsqElement {
+    float ratio, quantized;
+};
+
+LsqElement lsq_element(float v, float alpha, float quant_max, float lower) {
+    const float ratio = v / alpha;
+    return {ratio, std::floor(std::min(std::max(ratio, lower), 1.f) * quant_max + 0.5f) / quant_max};
+}
+
+// The checks both directions share; sets the alpha count, the elements per alpha run and the levels.
+bool lsq_arguments(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int params_slot,
+                   LsqParams *p, int64_t *alphas, int64_t *inner, float *quant_max) {
+    const int64_t count = element_count(ndims[0], shapes[0]);
+    *alphas = element_count(ndims[1], shapes[1]);
+    bool ok = all_float32(nparam, dtypes) && element_count(ndims[2], shapes[2]) == 1 && *alphas > 0 &&
+              element_count(ndims[params_slot], shapes[params_slot]) == sizeof(LsqParams) / sizeof(float);
+    for (int i = params_slot + 1; ok && i < nparam; ++i)
+        ok = element_count(ndims[i], shapes[i]) == (i == nparam - 1 && nparam == lsq_grad::count ? *alphas : count);
+    if (!ok) return false;
+    *p = *static_cast<const LsqParams *>(params[params_slot]);
+    *quant_max = *static_cast<const float *>(params[2]);
+    const int axis = static_cast<int>(p->channel_axis);
+    if (axis < 0 ? *alphas != 1 : axis >= ndims[0] || shapes[0][axis] != *alphas) return false;
+    *inner = axis < 0 ? count : element_count(ndims[0] - axis - 1, shapes[0] + axis + 1);
+    return true;
+}
+
+const char kLsqProblem[] =
+    "takes float32 tensors: x, alpha (one value, or one per channel of channel_axis), quant_max (one value), the "
+    "LsqParams and x's shape for the rest (alpha's for dalpha)";
+
+int lsq_forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    LsqParams p;
+    int64_t alphas, inner;
+    float quant_max;
+    if (nparam != lsq::count ||
+        !lsq_arguments(nparam, params, ndims, shapes, dtypes, lsq::params, &p, &alphas, &inner, &quant_max))
+        return fail("LearnedScaleQuant", LSQ_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem);
+    const int64_t count = element_count(ndims[0], shapes[0]);
+    const float *x = static_cast<const float *>(params[lsq::x]), *alpha = static_cast<const float *>(params[lsq::alpha]);
+    float *y = static_cast<float *>(params[lsq::y]);
+    use_threads();
+#pragma omp parallel for if (count > (1 << 16))
+    for (int64_t j = 0; j < count; ++j) {
+        const float a = alpha[(j / inner) % alphas];
+        y[j] = lsq_element(x[j], a, quant_max, p.lower).quantized * a;
+    }
+    return 0;
+}
+
+int lsq_backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    LsqParams p;
+    int64_t alphas, inner;
+    float quant_max;
+    if (nparam != lsq_grad::count ||
+        !lsq_arguments(nparam, params, ndims, shapes, dtypes, lsq_grad::params, &p, &alphas, &inner, &quant_max))
+        return fail("LearnedScaleQuantGrad", LSQ_GRAD_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem);
+    const int64_t count = element_count(ndims[0], shapes[0]);
+    const float *x = static_cast<const float *>(params[lsq_grad::x]);
+    const float *alpha = static_cast<const float *>(params[lsq_grad::alpha]);
+    const float *dy = static_cast<const float *>(params[lsq_grad::dy]);
+    float *dx = static_cast<float *>(params[lsq_grad::dx]), *dalpha = static_cast<float *>(params[lsq_grad::dalpha]);
+    constexpr int64_t kChunk = 1 << 14;
+    const int64_t chunks = (count + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<size_t>(chunks * alphas), 0.0);
+    use_threads();
+#pragma omp parallel for if (count > (1 << 16))
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        double *sums = partial.data() + chunk * alphas;
+        for (int64_t j = chunk * kChunk; j < std::min(count, (chunk + 1) * kChunk); ++j) {
+            const int64_t c = (j / inner) % alphas;
+            const LsqElement e = lsq_element(x[j], alpha[c], quant_max, p.lower);
+            const float above = e.ratio > 1.f ? 1.f : 0.f, below = e.ratio < p.lower ? 1.f : 0.f;
+            const float inside = 1.f - above - below;
+            dx[j] = dy[j] * inside;
+            sums[c] += dy[j] * (above - below + inside * (e.quantized - e.ratio));
+        }
+    }
+    for (int64_t c = 0; c < alphas; ++c) {
+        double sum = 0.0;
+        for (int64_t chunk = 0; chunk < chunks; ++chunk) sum += partial[chunk * alphas + c];
+        dalpha[c] = static_cast<float>(sum);
+    }
+    return 0;
+}
+
 // One momentum SGD step over every parameter, as the training step with MindSpore's nn.Momentum takes
 // it, in two multi-threaded passes instead of five kernels per parameter. Inputs: the factor (1 / loss
 // scale), lr, momentum, the decays (one per parameter, 0: none), then n gradients, n weights and n
@@ -1202,6 +1303,7 @@ const char *record_fields(const std::string &record) {
     if (record == "NormParams") return NORM_PARAMS(NAME_OF);
     if (record == "PoolParams") return POOL_PARAMS(NAME_OF);
     if (record == "QuantParams") return QUANT_PARAMS(NAME_OF);
+    if (record == "LsqParams") return LSQ_PARAMS(NAME_OF);
     return "";
 }
 
@@ -1210,6 +1312,8 @@ const char *kernel_slots(const std::string &kernel) {
         if (kernel == info(static_cast<Kind>(kind)).name) return info(static_cast<Kind>(kind)).slots;
     if (kernel == "FakeQuant") return FAKE_QUANT_SLOTS(NAME_OF);
     if (kernel == "FakeQuantGrad") return FAKE_QUANT_GRAD_SLOTS(NAME_OF);
+    if (kernel == "LearnedScaleQuant") return LSQ_SLOTS(NAME_OF);
+    if (kernel == "LearnedScaleQuantGrad") return LSQ_GRAD_SLOTS(NAME_OF);
     return kernel == "Fork" ? FORK_SLOTS(NAME_OF) : "";
 }
 
@@ -1256,6 +1360,16 @@ EXPORT int FakeQuant(int nparam, void **params, int *ndims, int64_t **shapes, co
 EXPORT int FakeQuantGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                          void *) {
     return fake_quant_backward(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int LearnedScaleQuant(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                             void *) {
+    return lsq_forward(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int LearnedScaleQuantGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                                 void *) {
+    return lsq_backward(nparam, params, ndims, shapes, dtypes);
 }
 
 EXPORT int MomentumStep(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
