@@ -201,11 +201,12 @@ class CpuLearnedScaleQuant(nn.Cell):
 
 
 def cpu_fake_quantizers() -> str:
-    """How SimQAT's fake quantizers compute on CPU, in a phrase for the run's log."""
+    """How the fake quantizers (SimQAT's, LSQ's) compute on CPU, in a phrase for the run's log."""
     reason = unavailable_reason()
     if reason is None:
         return "its fake quantizers run in src/cpu_convolution's kernel"
-    return f"its fake quantizers run as MindSpore's standard operators (slower to compile and run: {reason})"
+    return (f"its fake quantizers run as MindSpore's standard operators, slower to compile and run (this "
+            f"repository's CPU library: {reason})")
 
 
 def _run_on_cpu(quantizer, kernel: bool) -> None:
