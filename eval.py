@@ -130,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if report is not None and rank == 0:  # every rank holds the same sums; one writes them
         save_report(cfg.report_dir, report, source=dataset.sample_source, num_classes=cfg.class_num,
                     title=f"{cfg.net_name} on {cfg.dataset}: {cfg.model_file or cfg.checkpoint_file_path}",
-                    log=lambda line: print(line, flush=True))
+                    log=lambda line: print(line, flush=True), pictures=cfg.plot_curves)
     return 0
 
 

@@ -22,8 +22,9 @@ PYTHON = sys.executable
 # has for x86_64 alone: requirements-dev.txt installs none on aarch64, and those tests skip there.
 NO_TORCH = "PyTorch is not installed (requirements-dev.txt installs its CPU-only build on x86_64 only)"
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason=NO_TORCH)
-# curves.png (and train_parity.py's loss.png) cost about a second of matplotlib a run: the tests
-# that do not look at them run without (test_resume and test_train_parity check both ways).
+# curves.png, the report's two pictures and train_parity.py's loss.png cost about a second of
+# matplotlib each: the tests that do not look at them run without (test_resume and test_train_parity
+# check both ways; the shared sample run draws them for the tests of the report and TensorBoard).
 NO_CURVES = ["--plot_curves", "False"]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GLOG_v", "3")
@@ -193,7 +194,7 @@ def sample_run(tmp_path_factory, cifar_dir) -> Tuple[Path, str]:
         PYTHON, "train.py", "--config_path", str(REPO / "config" / "sample_resnet18.yaml"), "--net_name", "resnet10",
         "--data_path", str(cifar_dir), "--batch_size", "16", "--lr_max", "0.05", "--warmup_epochs", "0",
         "--clip_grad_norm", "1.0", "--epoch_size", "2", "--run_eval", "True", "--log_interval", "4",
-        "--enable_profiling", "True", "--profile_steps", "3", *NO_CURVES])
+        "--enable_profiling", "True", "--profile_steps", "3"])
     return out / "resnet10" / "cifar10", stdout
 
 

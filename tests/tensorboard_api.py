@@ -44,6 +44,14 @@ class TensorBoard:
             assert time.time() < deadline, f"TensorBoard never served {plugin} {tag}"
             time.sleep(0.5)
 
+    def wait_for_step(self, tag: str, step: int, timeout: float = 120) -> None:
+        """Until the server has loaded scalar `tag` at `step` (a record's last step: all of it is read)."""
+        self.wait_for("scalars", tag, timeout)
+        deadline = time.time() + timeout
+        while step not in self.scalars(tag):
+            assert time.time() < deadline, f"TensorBoard never served {tag} at step {step}"
+            time.sleep(0.5)
+
     def scalars(self, tag: str) -> Dict[int, float]:
         rows = self.get(f"data/plugin/scalars/scalars?run={BOARD_RUN}&tag={tag}")
         steps = [step for _, step, _ in rows]

@@ -166,7 +166,8 @@ def write_best_report(cfg: Config, result: dict, report, eval_dataset, *, folder
     log(f"report of {weights}: top-1 {result['top_1_accuracy']:.4f} top-5 {result['top_5_accuracy']:.4f} "
         f"ECE {result['ece']:.4f} on {result['samples']} images, in {os.path.join(folder, 'report')}")
     written = save_report(os.path.join(folder, "report"), report, source=eval_dataset.sample_source,
-                          num_classes=cfg.class_num, title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log)
+                          num_classes=cfg.class_num, title=f"{cfg.net_name} on {cfg.dataset}: {weights}", log=log,
+                          pictures=cfg.plot_curves)
     for path in written:
         if board and path.endswith(".png"):
             board.picture_file(f"report/{os.path.splitext(os.path.basename(path))[0]}", path, step)

@@ -171,11 +171,12 @@ def class_names_for(source, num_classes: int) -> List[str]:
 
 
 def save_report(folder: str, report: EvalReport, *, source, num_classes: int, title: str,
-                log: Callable[[str], None] = print) -> List[str]:
-    """Write the report's files into `folder` (names from the dataset's `source`) and log the
-    worst classes and the most confused pairs; returns the files written."""
+                log: Callable[[str], None] = print, pictures: bool = True) -> List[str]:
+    """Write the report's files into `folder` (names from the dataset's `source`; `pictures` False:
+    the tables only) and log the worst classes and the most confused pairs; returns the files written."""
     names = class_names_for(source, num_classes)
-    written = write_report(folder, report, names, title=title, sample_names=getattr(source, "paths", None))
+    written = write_report(folder, report, names, title=title, sample_names=getattr(source, "paths", None),
+                           pictures=pictures)
     for line in console_lines(report, names):
         log(line)
     return written
@@ -219,8 +220,9 @@ def _number(value: float) -> str:
 
 
 def write_report(folder: str, report: EvalReport, class_names: Sequence[str], *, title: str,
-                 sample_names: Optional[Sequence[str]] = None) -> List[str]:
-    """Write per_class.csv, confusion.csv, the confusion and calibration pictures and, when the
+                 sample_names: Optional[Sequence[str]] = None, pictures: bool = True) -> List[str]:
+    """Write per_class.csv, confusion.csv, the confusion and calibration pictures (unless `pictures`
+    is False: matplotlib's import and two figures cost about a second and a half) and, when the
     report holds them, predictions.csv into `folder`; returns the files written."""
     written = []
 
@@ -238,6 +240,8 @@ def write_report(folder: str, report: EvalReport, class_names: Sequence[str], *,
                                     for i, (name, counts) in enumerate(zip(class_names, report.confusion.tolist()))]))
     if report.predictions is not None:
         put("predictions.csv", predictions_csv(report.predictions, class_names, sample_names))
+    if not pictures:
+        return written
     import matplotlib
     matplotlib.use("Agg")
     if len(class_names) <= HEATMAP_MAX_CLASSES:
