@@ -163,6 +163,7 @@ def test_the_cpu_fake_quantizer_rounds_as_the_kernels_and_passes_gradients_insid
 @pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
 @pytest.mark.parametrize("symmetric, narrow_range, axis, shape", [
     (False, False, None, (4, 8, 5, 5)),   # activations: per tensor
+    (False, False, None, (8, 64, 16, 16)),  # in several runs of the kernel's threads
     (True, True, 0, (8, 3, 3, 3)),        # convolution weights: per output channel, symmetric
     (True, False, 0, (10, 16)),           # the fc head's weights
     (False, False, 1, (2, 6, 4, 4)),      # a channel axis other than the first
@@ -210,7 +211,8 @@ def test_a_fake_quant_range_of_another_channel_count_is_one_line_naming_the_kern
 @pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
 @pytest.mark.parametrize("neg_trunc, axis, shape, alphas", [
     (False, None, (4, 8, 5, 5), 1), (True, None, (4, 8, 5, 5), 1),  # activations: one alpha
-    (False, 0, (70, 64, 3, 3), 70),  # weights: an alpha per output channel, over several of the kernel's chunks
+    (False, None, (8, 64, 16, 16), 1),  # one alpha over several of the kernel's runs
+    (False, 0, (70, 64, 3, 3), 70),  # weights: an alpha per output channel
 ])
 def test_the_lsq_kernel_computes_as_the_standard_operators(neg_trunc, axis, shape, alphas):
     import mindspore as ms

@@ -8,8 +8,9 @@ parse instead), and its source was written into ./rewritten_network/ in the curr
 So the cells are wrapped here, in place, with the very quantization cells apply inserts: the
 algorithm's own layer policies (its default config: int8, weights per channel, activations per
 tensor, BatchNorm unfused) around every nn.Conv2d and nn.Dense. Its fake-quantizer kernels exist on
-GPU and Ascend only; on CPU their two steps (range update, nudged rounding) are computed here from
-standard operators (CpuMinMaxUpdate, CpuFakeQuant) in the same quantizer cells, so parameters,
+GPU and Ascend only; on CPU their two steps (range update, nudged rounding) are computed here
+(CpuMinMaxUpdate, CpuFakeQuant: the rounding in src/cpu_convolution's kernel where the library is
+built, else from standard operators, the same bits) in the same quantizer cells, so parameters,
 checkpoints and Golden Stick's `convert` are the same on every device.
 
 LSQ is wrapped the same way with its own policies (int8, symmetric, narrow range; weights per
@@ -17,7 +18,8 @@ channel); its weights' step sizes start where its `apply` starts them, from thei
 (`compute_quant_param`), its activations' at 6 until a training run starts them from its first
 batch (src/compression/lsq.py: 6 left them clipped). Its kernels
 (FakeLearnedScaleQuantPerLayer/PerChannel) are GPU and Ascend only too (no CPU kernel in MindSpore
-2.10); CpuLearnedScaleQuant computes them on CPU, forward and gradient as the GPU kernel does.
+2.10); CpuLearnedScaleQuant computes them on CPU, forward and gradient as the GPU kernel does (in
+src/cpu_convolution's kernel too where the library is built).
 """
 import copy
 import importlib

@@ -999,6 +999,25 @@ struct QuantRange {
     float scale, low, high;
 };
 
+// Calls each(unit, c, begin, end) for the runs [begin, end) of a tensor's elements that share range
+// (or alpha) c, where each range covers `inner` consecutive elements in turn (the elements after a
+// channel axis; the whole tensor for one range), in units of at most kRun elements, in parallel. No
+// division per element: a per-element index divide made the kernels several times slower.
+constexpr int64_t kRun = 1 << 14;
+
+int64_t runs_per_segment(int64_t inner) { return (inner + kRun - 1) / kRun; }
+
+template <typename Each>
+void for_each_run(int64_t count, int64_t ranges, int64_t inner, Each each) {
+    if (count == 0) return;
+    const int64_t per_segment = runs_per_segment(inner), units = count / inner * per_segment;
+#pragma omp parallel for if (count > (1 << 16))
+    for (int64_t unit = 0; unit < units; ++unit) {
+        const int64_t segment = unit / per_segment, begin = segment * inner + unit % per_segment * kRun;
+        each(unit, segment % ranges, begin, std::min(begin + kRun, (segment + 1) * inner));
+    }
+}
+
 QuantRange nudged_range(float low, float high, const QuantParams &p) {
     if (p.symmetric != 0.f) {
         high = std::max(std::fabs(low), std::fabs(high));
@@ -1011,7 +1030,17 @@ QuantRange nudged_range(float low, float high, const QuantParams &p) {
 
 float relu(float v) { return v > 0.f ? v : 0.f; }
 
-// The checks and the loop both directions share: `each(range, j)` for element j of x.
+// nearbyint (half to even, the default rounding mode) and floor of a float whose magnitude is below
+// 2^22, inlined: adding and subtracting 1.5 x 2^23 leaves the nearest integer. std::nearbyint and
+// std::floor are library calls in SSE2's x86_64, which kept each element's loop from vectorizing.
+float round_small(float v) { return (v + 12582912.f) - 12582912.f; }
+float floor_small(float v) {
+    const float rounded = round_small(v);
+    return rounded > v ? rounded - 1.f : rounded;
+}
+
+// The checks and the loop both directions share: `each(range, begin, end)` for each run of x's
+// elements [begin, end) that share a range.
 template <typename Each>
 int each_quantized(const char *name, const char *slots, int nparam, void **params, int *ndims, int64_t **shapes,
                    const char **dtypes, int params_slot, Each each) {
@@ -1032,8 +1061,9 @@ int each_quantized(const char *name, const char *slots, int nparam, void **param
     std::vector<QuantRange> nudged(ranges);
     for (int64_t c = 0; c < ranges; ++c) nudged[c] = nudged_range(low[c], high[c], p);
     use_threads();
-#pragma omp parallel for if (count > (1 << 16))
-    for (int64_t j = 0; j < count; ++j) each(nudged[(j / inner) % ranges], j);
+    for_each_run(count, ranges, inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
+        each(nudged[c], begin, end);
+    });
     return 0;
 }
 
@@ -1043,12 +1073,14 @@ int fake_quant_forward(int nparam, void **params, int *ndims, int64_t **shapes, 
     const float *x = static_cast<const float *>(params[fake_quant::x]);
     float *y = static_cast<float *>(params[fake_quant::y]);
     return each_quantized("FakeQuant", FAKE_QUANT_SLOTS(NAME_OF), nparam, params, ndims, shapes, dtypes,
-                          fake_quant::params, [&](const QuantRange &r, int64_t j) {
-        const float v = x[j];
-        const float clipped = r.low + relu(v - r.low) - relu(v - r.high);
-        const float rounded = std::nearbyint((clipped - r.low) / r.scale) * r.scale + r.low;
-        const float passed = v * (v >= r.low && v <= r.high ? 1.f : 0.f);
-        y[j] = passed + (rounded - passed);
+                          fake_quant::params, [&](const QuantRange &r, int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) {
+            const float v = x[j];
+            const float clipped = r.low + relu(v - r.low) - relu(v - r.high);
+            const float rounded = round_small((clipped - r.low) / r.scale) * r.scale + r.low;  // 0..quant_max
+            const float passed = v * (v >= r.low && v <= r.high ? 1.f : 0.f);
+            y[j] = passed + (rounded - passed);
+        }
     });
 }
 
@@ -1060,8 +1092,8 @@ int fake_quant_backward(int nparam, void **params, int *ndims, int64_t **shapes,
     const float *dy = static_cast<const float *>(params[fake_quant_grad::dy]);
     float *dx = static_cast<float *>(params[fake_quant_grad::dx]);
     return each_quantized("FakeQuantGrad", FAKE_QUANT_GRAD_SLOTS(NAME_OF), nparam, params, ndims, shapes, dtypes,
-                          fake_quant_grad::params, [&](const QuantRange &r, int64_t j) {
-        dx[j] = dy[j] * (x[j] >= r.low && x[j] <= r.high ? 1.f : 0.f);
+                          fake_quant_grad::params, [&](const QuantRange &r, int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) dx[j] = dy[j] * (x[j] >= r.low && x[j] <= r.high ? 1.f : 0.f);
     });
 }
 
@@ -1070,15 +1102,15 @@ int fake_quant_backward(int nparam, void **params, int *ndims, int64_t **shapes,
 // alpha per tensor or per channel: r = x / alpha, q = floor(min(max(r, lower), 1) * quant_max + 0.5) /
 // quant_max, y = q * alpha. The gradient: dx = dy inside [lower, 1] (ends included), else 0; dalpha
 // sums dy * (above - below + inside * (q - r)) per alpha, in a fixed order whatever the thread count
-// (double partial sums over fixed chunks, added in order), so it matches the standard operators'
-// ReduceSum to float32 rounding, not bit for bit.
+// (a double sum per run of for_each_run, the runs added in order), so it matches the standard
+// operators' ReduceSum to float32 rounding, not bit for bit.
 struct LsqElement {
     float ratio, quantized;
 };
 
 LsqElement lsq_element(float v, float alpha, float quant_max, float lower) {
     const float ratio = v / alpha;
-    return {ratio, std::floor(std::min(std::max(ratio, lower), 1.f) * quant_max + 0.5f) / quant_max};
+    return {ratio, floor_small(std::min(std::max(ratio, lower), 1.f) * quant_max + 0.5f) / quant_max};
 }
 
 // The checks both directions share; sets the alpha count, the elements per alpha run and the levels.
@@ -1114,11 +1146,10 @@ int lsq_forward(int nparam, void **params, int *ndims, int64_t **shapes, const c
     const float *x = static_cast<const float *>(params[lsq::x]), *alpha = static_cast<const float *>(params[lsq::alpha]);
     float *y = static_cast<float *>(params[lsq::y]);
     use_threads();
-#pragma omp parallel for if (count > (1 << 16))
-    for (int64_t j = 0; j < count; ++j) {
-        const float a = alpha[(j / inner) % alphas];
-        y[j] = lsq_element(x[j], a, quant_max, p.lower).quantized * a;
-    }
+    for_each_run(count, alphas, inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
+        const float a = alpha[c];
+        for (int64_t j = begin; j < end; ++j) y[j] = lsq_element(x[j], a, quant_max, p.lower).quantized * a;
+    });
     return 0;
 }
 
@@ -1134,27 +1165,23 @@ int lsq_backward(int nparam, void **params, int *ndims, int64_t **shapes, const 
     const float *alpha = static_cast<const float *>(params[lsq_grad::alpha]);
     const float *dy = static_cast<const float *>(params[lsq_grad::dy]);
     float *dx = static_cast<float *>(params[lsq_grad::dx]), *dalpha = static_cast<float *>(params[lsq_grad::dalpha]);
-    constexpr int64_t kChunk = 1 << 14;
-    const int64_t chunks = (count + kChunk - 1) / kChunk;
-    std::vector<double> partial(static_cast<size_t>(chunks * alphas), 0.0);
+    const int64_t per_segment = runs_per_segment(inner), units = count ? count / inner * per_segment : 0;
+    std::vector<double> partial(static_cast<size_t>(units), 0.0);  // one sum per run, added in order below
     use_threads();
-#pragma omp parallel for if (count > (1 << 16))
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-        double *sums = partial.data() + chunk * alphas;
-        for (int64_t j = chunk * kChunk; j < std::min(count, (chunk + 1) * kChunk); ++j) {
-            const int64_t c = (j / inner) % alphas;
+    for_each_run(count, alphas, inner, [&](int64_t unit, int64_t c, int64_t begin, int64_t end) {
+        double sum = 0.0;
+        for (int64_t j = begin; j < end; ++j) {
             const LsqElement e = lsq_element(x[j], alpha[c], quant_max, p.lower);
             const float above = e.ratio > 1.f ? 1.f : 0.f, below = e.ratio < p.lower ? 1.f : 0.f;
             const float inside = 1.f - above - below;
             dx[j] = dy[j] * inside;
-            sums[c] += dy[j] * (above - below + inside * (e.quantized - e.ratio));
+            sum += dy[j] * (above - below + inside * (e.quantized - e.ratio));
         }
-    }
-    for (int64_t c = 0; c < alphas; ++c) {
-        double sum = 0.0;
-        for (int64_t chunk = 0; chunk < chunks; ++chunk) sum += partial[chunk * alphas + c];
-        dalpha[c] = static_cast<float>(sum);
-    }
+        partial[unit] = sum;
+    });
+    std::vector<double> sums(static_cast<size_t>(alphas), 0.0);
+    for (int64_t unit = 0; unit < units; ++unit) sums[unit / per_segment % alphas] += partial[unit];
+    for (int64_t c = 0; c < alphas; ++c) dalpha[c] = static_cast<float>(sums[c]);
     return 0;
 }
 
