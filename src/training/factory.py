@@ -75,14 +75,14 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
     if cfg.compression == PRUNE:
         prune(net, cfg.prune_ratio, image_size=cfg.train_image_size, log=log)
     compressed(net, compression=cfg.compression, convolutions=convolutions)
+    on_cpu = f"; on CPU {cpu_fake_quantizers()}" if cfg.device_target == "CPU" and cfg.compression in (QAT, LSQ) else ""
     if cfg.compression == QAT:
         log("compression qat: Golden Stick's SimQAT cells around every convolution and the fc head (int8 weights "
-            "per channel, activations per tensor); checkpoints hold the quantization-aware network"
-            + (f"; on CPU {cpu_fake_quantizers()}" if cfg.device_target == "CPU" else ""))
+            "per channel, activations per tensor); checkpoints hold the quantization-aware network" + on_cpu)
     if cfg.compression == LSQ:
         log("compression lsq: Golden Stick's LSQ cells around every convolution and the fc head (int8, symmetric, "
             "weights per channel, activations per tensor, step sizes learned); checkpoints hold the "
-            "quantization-aware network" + (f"; on CPU {cpu_fake_quantizers()}" if cfg.device_target == "CPU" else ""))
+            "quantization-aware network" + on_cpu)
     if cfg.freeze_backbone:
         total, trained = parameter_counts(net)
         log(f"freeze_backbone: training the head only ({trained:,} of {total:,} values); BatchNorm in "
