@@ -98,6 +98,8 @@ def test_lsq_steps_start_from_the_first_training_batch_and_the_checkpoint_reads_
     assert all(q._float_max.asnumpy()[0] > 0 and q._float_max.asnumpy()[0] != 6 for q in quantizers.values())
     assert all(np.array_equal(p.asnumpy(), moving[p.name]) for p in net.get_parameters() if p.name in moving)
     assert all(isinstance(q.fake_quant_train, CpuLearnedScaleQuant) for q in quantizers.values())
+    # in this repository's kernel where the library is built (the other way: the test below)
+    assert all((q.fake_quant_train.kernel is not None) == (unavailable_reason() is None) for q in quantizers.values())
     assert not net.training
 
     ckpt = tmp_path / "lsq.ckpt"
@@ -234,6 +236,21 @@ def test_the_lsq_kernel_computes_as_the_standard_operators(neg_trunc, axis, shap
     assert np.array_equal(forward, standard_forward) and np.array_equal(dx, standard_dx)
     np.testing.assert_allclose(dalpha, standard_dalpha, rtol=1e-5, atol=1e-5)  # sums added in another order
     assert dalpha.shape == (alphas,) and 0 < np.count_nonzero(dx) < dx.size
+
+
+@pytest.mark.parametrize("compression", ["qat", "lsq"])
+def test_without_the_cpu_library_the_fake_quantizers_are_standard_operators_and_the_log_says_so(monkeypatch,
+                                                                                               compression):
+    """As on aarch64, or where setup_env.sh could not build the library (the reason forced here)."""
+    from src.compression import qat
+    from src.resnet import create_model
+    monkeypatch.setattr(qat, "unavailable_reason", lambda: "they need an x86_64 CPU")
+    net = qat.apply_qat(create_model(NET, num_classes=10), compression)
+    quantizers = [cell for _, cell in net.cells_and_names()
+                  if isinstance(cell, (qat.CpuFakeQuant, qat.CpuLearnedScaleQuant))]
+    assert quantizers and all(quantizer.kernel is None for quantizer in quantizers)
+    assert qat.cpu_fake_quantizers().endswith("standard operators, slower to compile and run (this repository's "
+                                              "CPU library: they need an x86_64 CPU)")
 
 
 def lsq_reference(x: np.ndarray, alpha: np.ndarray, dout: np.ndarray, *, neg_trunc: bool = False, axis=None,
