@@ -93,6 +93,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     counted = model_summary(net, image_size=cfg.train_image_size)  # before THOR swaps the Conv2d/Dense cells
     # Known before the train step copies the weights (its EMA): a fresh LSQ run starts its steps from data.
     resume_from = resume_checkpoint(cfg, folder, steps_per_epoch, log)
+    if not resume_from and writer and not cfg.resume:
+        check_fresh_run_folder(folder, cfg.net_name)  # before LSQ's start, which runs the network
     if cfg.compression == LSQ and not resume_from:
         start_lsq_steps(cfg, net, group_size, log)
     if cfg.optimizer == THOR:
@@ -108,8 +110,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if resume_from:
         start_epoch, first_step = resume_position(resume_from, net, model, steps_per_epoch, cfg.epoch_size,
                                                   mid_epoch=not real_sink(cfg))
-    elif writer and not cfg.resume:
-        check_fresh_run_folder(folder, cfg.net_name)
     if group_size > 1 and (cfg.resume or cfg.resume_ckpt):
         check_resume_agreement(all_gather_ints(first_step if resume_from else -1, rank, group_size),
                                local_ranks, folder)

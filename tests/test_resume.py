@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run, train_args, wait_for_step
+from conftest import NO_CURVES, PYTHON, REPO, one_line_error, read_metrics, run, train_args, wait_for_step
 from src.training.checkpoint import EMA_PREFIX, list_checkpoints, network_part, read_checkpoint
 from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard
 
@@ -233,3 +233,15 @@ def test_relaunched_after_random_kills_ends_with_the_uninterrupted_weights(unint
         assert_scalars_equal_record(board, read_metrics(folder))
         assert len(board.session_groups()) == 1
         assert len(board.get(f"data/plugin/images/images?run={BOARD_RUN}&tag=data/first_batch")) == 1
+
+
+def test_a_new_run_into_a_folder_that_holds_one_is_one_line_and_changes_nothing(cifar_dir, tmp_path):
+    folder = tmp_path / RUN
+    folder.mkdir(parents=True)
+    record = "epoch,step,loss\n1,12,2.0\n"
+    (folder / "metrics.csv").write_text(record)
+    result = run(train_args(TRAIN, cifar_dir, tmp_path, *NO_CURVES))
+    line = one_line_error(result)
+    assert "already holds a run; continue it with --resume True" in line and str(folder) in line
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics.csv"]
+    assert (folder / "metrics.csv").read_text() == record
