@@ -34,6 +34,7 @@ from src.training.distributed import (
     launcher_device_id,
     local_rank_count,
     set_data_parallel,
+    stopped_exit_code,
     writes_run_folder,
 )
 from src.training.factory import (
@@ -144,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if board:
             board.finished(cfg.epoch_size * steps_per_epoch)
     except TrainingStopped as stopped:
-        return stopped.exit_code
+        return stopped_exit_code(stopped.exit_code)
     except DivergedError as diverged:
         if diverged.step is None:
             raise

@@ -227,8 +227,9 @@ else
     ranks_alive() { local pid; for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
     while [[ -n $STOP_SIGNAL ]] && ranks_alive; do wait "${PIDS[@]}"; done
 fi
-# A stop signal sent to another node's launcher: this node's ranks stopped cleanly after the same
-# step (and exited 143, which msrun counts as a failure).
+# A stop signal sent to another node's launcher (or to the ranks themselves): this node's ranks
+# stopped cleanly after the same step; under msrun they exit 0 (src/training/distributed.py,
+# stopped_exit_code), so their logs say it.
 stopped_elsewhere() {
     local log found=0
     for log in "$LOG_DIR"/worker_*.log "$LOG_DIR"/rank_*.log; do
@@ -238,7 +239,7 @@ stopped_elsewhere() {
     done
     [[ $found -eq 1 ]]
 }
-if [[ -z $STOP_SIGNAL && $STATUS -ne 0 ]] && stopped_elsewhere; then
+if [[ -z $STOP_SIGNAL ]] && stopped_elsewhere; then
     STOP_SIGNAL=TERM; STOP_WHERE=" (sent to another node's launcher)"
 fi
 if [[ -n $STOP_SIGNAL ]]; then

@@ -109,6 +109,9 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_leaves_a_resumable_checkpo
     step = int(saved.stem.split("_")[1])
     assert 2 <= step < STEPS
     logs = next((folder / "logs").iterdir())
+    # The stopped ranks exit 0 under msrun: a rank that exits otherwise is a failure to msrun, whose
+    # scheduler then waits out its node heartbeat (~30 s) for the rank still saving.
+    assert "exit with exception" not in (logs / "msrun.log").read_text()
     for rank in (0, 1):  # every rank stopped after the same step
         text = (logs / f"worker_{rank}.log").read_text()
         assert f"step {step}/{STEPS}" in text and f"step {step + 1}/{STEPS}" not in text
