@@ -110,7 +110,8 @@ def pytest_collection_modifyitems(items):
 # tests/work_table.py sums them per module into docs/testing.md's table, or lists the costliest):
 # CPU seconds of the test process and of the processes it started and waited for (the module
 # fixtures it set up included), wall seconds, when it started and on which xdist worker, and the
-# runs of the project's entry points started through `run` (trainings among them).
+# runs of the project's entry points started through `run` (trainings among them; each run's
+# entry point, CPU seconds and exit code in `run_list`).
 WORK = "RESNET_TESTS_WORK"
 TRAINING_ENTRIES = ("train.py", "fine_tune.py", "train_parity.py", "run_standalone_train.sh",
                     "run_distribute_train.sh", "benchmark_learning.py")
@@ -128,12 +129,14 @@ def _test_work(test: str) -> dict:
                                    "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
 
 
-def _count_run(args: List[str]) -> None:
+def _count_run(args: List[str], cpu_s: float, returncode: int) -> None:
     test = os.environ.get("PYTEST_CURRENT_TEST", "")  # "<test id> (<phase>)"
     if test:
         work = _test_work(test.rsplit(" (", 1)[0])
         work["runs"] += 1
         work["trainings"] += any(str(arg).endswith(TRAINING_ENTRIES) for arg in args)
+        entry = next((Path(str(arg)).name for arg in args if str(arg).endswith((".py", ".sh"))), str(args[0]))
+        work.setdefault("run_list", []).append({"entry": entry, "cpu_s": round(cpu_s, 2), "returncode": returncode})
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -217,9 +220,12 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
 
     `env` replaces the inherited environment when given."""
     full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
-    _count_run(args)
-    return subprocess.run(args, cwd=str(cwd or REPO), capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run(args, cwd=str(cwd or REPO), capture_output=True, text=True,
+                            timeout=timeout, env=full_env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _count_run(args, after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime, result.returncode)
+    return result
 
 
 def wait_for_step(folder: Path, step: int, process: subprocess.Popen, timeout: float = 300) -> None:

@@ -2,7 +2,7 @@
 records tests/conftest.py writes (one per test; older files hold one per module and worker)."""
 import json
 
-from work_table import costliest, read
+from work_table import costliest, read, runs_per_entry
 
 
 def write_records(path, records) -> str:
@@ -31,3 +31,14 @@ def test_per_module_records_of_older_runs_still_sum(tmp_path):
         {"module": "test_a", "tests": 1, "cpu_s": 1.0, "wall_s": 1.0, "runs": 0, "trainings": 0}])
     assert read(path)["test_a"]["tests"] == 4 and read(path)["all"]["cpu_s"] == 6.0
     assert costliest(path, 5).splitlines()[2:] == []  # no per-test records to rank
+
+
+def test_runs_sum_per_entry_point_finished_and_refused_apart(tmp_path):
+    runs = [{"entry": "train.py", "cpu_s": 4.0, "returncode": 0}, {"entry": "train.py", "cpu_s": 1.5, "returncode": 2},
+            {"entry": "eval.py", "cpu_s": 2.0, "returncode": 0}, {"entry": "train.py", "cpu_s": 5.0, "returncode": 0}]
+    path = write_records(tmp_path / "work.jsonl", [
+        {"module": "test_a", "test": "tests/test_a.py::test_one", "run_list": runs[:2]},
+        {"module": "test_b", "test": "tests/test_b.py::test_two", "run_list": runs[2:]},
+        {"module": "test_b", "test": "tests/test_b.py::test_three"}])
+    rows = [row.strip("| ").split(" | ") for row in runs_per_entry(path).splitlines()[2:]]
+    assert rows == [["train.py", "2", "9", "1", "2"], ["eval.py", "1", "2", "0", "0"]]

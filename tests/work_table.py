@@ -4,7 +4,8 @@ RESNET_TESTS_WORK names a file, as a Markdown table (docs/testing.md):
     RESNET_TESTS_WORK=/tmp/work.jsonl bash scripts/run_tests.sh && python tests/work_table.py /tmp/work.jsonl
 
 Given two files (a run before a change and one after), it prints both side by side; with
---tests N, the N tests that cost the most CPU time instead (files written since per-test records).
+--tests N, the N tests that cost the most CPU time instead (files written since per-test records);
+with --runs, the entry-point runs summed per entry point, finished and refused apart.
 """
 import argparse
 import json
@@ -62,12 +63,32 @@ def costliest(path: str, count: int) -> str:
     return "\n".join(lines)
 
 
+def runs_per_entry(path: str) -> str:
+    """Entry-point runs per entry point: how many finished (exit 0) and how many refused or failed,
+    and the CPU seconds of each kind (files written since per-run records)."""
+    totals = defaultdict(lambda: {"finished": 0, "finished_s": 0.0, "refused": 0, "refused_s": 0.0})
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            for run in json.loads(line).get("run_list", []):
+                kind = "finished" if run["returncode"] == 0 else "refused"
+                totals[run["entry"]][kind] += 1
+                totals[run["entry"]][f"{kind}_s"] += run["cpu_s"]
+    lines = ["| entry point | finished runs | CPU s | refused or failed runs | CPU s |", "|---|---:|---:|---:|---:|"]
+    for entry, work in sorted(totals.items(), key=lambda item: -item[1]["finished_s"] - item[1]["refused_s"]):
+        lines.append(f"| {entry} | {work['finished']} | {work['finished_s']:.0f} | {work['refused']} | "
+                     f"{work['refused_s']:.0f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="one record file, or two: before and after")
     parser.add_argument("--tests", type=int, default=0, help="list the N costliest tests of the last file")
+    parser.add_argument("--runs", action="store_true", help="the entry-point runs per entry point of the last file")
     args = parser.parse_args()
-    if args.tests:
+    if args.runs:
+        print(runs_per_entry(args.files[-1]))
+    elif args.tests:
         print(costliest(args.files[-1], args.tests))
     else:
         print(comparison(*args.files[:2]) if len(args.files) > 1 else table(args.files[0]))
