@@ -1,15 +1,13 @@
-"""One training step taken apart: oneDNN's primitives by kind (ONEDNN_VERBOSE=profile_exec) and the
-rest of the step, then that rest op by op (MindSpore's profiler), each from a measuring process of its
-own (benchmark.py --worker NAME --breakdown onednn|operators)."""
-import argparse
+"""One training step taken apart: oneDNN's primitives by kind (oneDNN's verbose execution profile)
+and the rest of the step, then that rest op by op (MindSpore's profiler), in the measuring process
+of its path once its speeds are measured (or alone: benchmark.py --worker NAME --breakdown onednn|operators)."""
+import contextlib
+import ctypes
 import json
 import os
-import subprocess
 import tempfile
 import time
-from typing import Dict, List
-
-from tools.benchmarking.worker import REPO, entry_command
+from typing import Dict, Iterator, List
 
 BREAKDOWN_MARK = "BREAKDOWN "
 BREAKDOWN_KINDS = {"convolution": "convolutions", "batch_normalization": "normalization", "pooling": "pooling",
@@ -24,19 +22,32 @@ NAMED_OPERATORS = 8
 
 
 def serve_breakdown(runner, kind: str) -> int:
-    """The measuring process of one breakdown: 'onednn' (serve_onednn_breakdown) or 'operators'
-    (serve_operator_table)."""
-    return serve_onednn_breakdown(runner) if kind == "onednn" else serve_operator_table(runner)
+    """A process of one breakdown alone: prints BREAKDOWN_MARK and the JSON of 'onednn'
+    (onednn_breakdown) or 'operators' (operator_table)."""
+    for _ in range(WARM_UP_STEPS):
+        runner.train_step()
+    result = onednn_breakdown(runner) if kind == "onednn" else {"operators": operator_table(runner)}
+    print(BREAKDOWN_MARK + json.dumps(result), flush=True)
+    return 0
 
 
-def serve_operator_table(runner, steps: int = 4) -> int:
-    """Warm-up training steps, then `steps` under MindSpore's profiler; prints each operator type's
-    milliseconds per step (src.training.profile_table, our layers by cell)."""
+# Steps a fresh process trains before a breakdown: the first compiles, the next settle.
+WARM_UP_STEPS = 3
+
+
+def step_taken_apart(runner) -> Dict[str, Dict[str, float]]:
+    """Both breakdowns of a warm runner's training step: 'kinds' (onednn_breakdown) and 'rest' (the
+    rest op by op, rest_by_operator)."""
+    runner.train_step()
+    return {"kinds": onednn_breakdown(runner), "rest": rest_by_operator(operator_table(runner))}
+
+
+def operator_table(runner, steps: int = 4) -> Dict[str, float]:
+    """`steps` training steps under MindSpore's profiler: each operator type's milliseconds per step
+    (src.training.profile_table, our layers by cell)."""
     from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     from src.training.profile_table import find_summary, read_summary
-    for _ in range(3):
-        runner.train_step()
     with tempfile.TemporaryDirectory(prefix="benchmark-profile-") as folder:
         profiler = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(folder),
                            schedule=schedule(wait=0, warmup=1, active=steps, repeat=1, skip_first=0),
@@ -47,8 +58,7 @@ def serve_operator_table(runner, steps: int = 4) -> int:
             profiler.step()
         profiler.stop()
         rows = read_summary(find_summary(folder), steps)
-    print(BREAKDOWN_MARK + json.dumps({"operators": {row.op_type: row.ms_per_step for row in rows}}), flush=True)
-    return 0
+    return {row.op_type: row.ms_per_step for row in rows}
 
 
 def rest_by_operator(operators: Dict[str, float]) -> Dict[str, float]:
@@ -63,31 +73,58 @@ def rest_by_operator(operators: Dict[str, float]) -> Dict[str, float]:
     return rest
 
 
-def serve_onednn_breakdown(runner, steps: int = 2) -> int:
-    """Warm-up training steps, then `steps` more between two marks on stdout, the second with their
-    seconds: run with ONEDNN_VERBOSE=profile_exec, the lines between are every oneDNN primitive
-    those steps executed, with its milliseconds."""
-    for _ in range(3):
-        runner.train_step()
-    print(BREAKDOWN_MARK + "start", flush=True)
-    start = time.perf_counter()
-    for _ in range(steps):
-        runner.train_step()
-    print(BREAKDOWN_MARK + json.dumps({"seconds_per_step": (time.perf_counter() - start) / steps, "steps": steps}),
-          flush=True)
-    return 0
+def _onednn_libraries() -> List[ctypes.CDLL]:
+    """The oneDNN copies this process has loaded: MindSpore's, and our layers' (src/cpu_convolution)."""
+    import mindspore
+
+    from src.cpu_convolution.library import NATIVE_DIR
+    paths = (os.path.join(os.path.dirname(mindspore.__file__), "lib", "libdnnl.so.3"),
+             os.path.join(NATIVE_DIR, "libdnnl_resnet.so.3"))
+    loaded = []
+    for path in paths:
+        try:
+            loaded.append(ctypes.CDLL(path, mode=os.RTLD_NOLOAD))
+        except OSError:  # not loaded here (our layers are not in this path)
+            pass
+    return loaded
 
 
-def step_breakdown(text: str) -> Dict[str, float]:
-    """Milliseconds per step by operation kind from a breakdown worker's output: oneDNN's primitives
-    (MindSpore's copy and ours both print profile_exec lines), and the rest of the step (MindSpore's
-    own kernels, the optimizer, the framework)."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line == BREAKDOWN_MARK + "start")
-    end = next(i for i, line in enumerate(lines) if i > start and line.startswith(BREAKDOWN_MARK))
-    result = json.loads(lines[end][len(BREAKDOWN_MARK):])
+@contextlib.contextmanager
+def _onednn_verbose() -> Iterator[List[str]]:
+    """oneDNN's execution profile (dnnl_set_verbose(1), ONEDNN_VERBOSE=profile_exec's lines) of what
+    runs inside: its lines, which oneDNN prints to this process's stdout, go to a file instead
+    (stdout is the orchestrator's pipe) and into the list yielded once the block ends."""
+    libraries, libc = _onednn_libraries(), ctypes.CDLL(None)
+    lines: List[str] = []
+    with tempfile.TemporaryFile(mode="w+") as captured:
+        libc.fflush(None)
+        saved = os.dup(1)
+        os.dup2(captured.fileno(), 1)
+        try:
+            for library in libraries:
+                library.dnnl_set_verbose(1)
+            yield lines
+        finally:
+            for library in libraries:
+                library.dnnl_set_verbose(0)
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        captured.seek(0)
+        lines.extend(captured.read().splitlines())
+
+
+def onednn_breakdown(runner, steps: int = 2) -> Dict[str, float]:
+    """Milliseconds per step by operation kind over `steps` training steps of a warm runner: oneDNN's
+    primitives by kind (MindSpore's copy and ours both), and the rest of the step (MindSpore's own
+    kernels, the optimizer, the framework)."""
+    with _onednn_verbose() as lines:
+        start = time.perf_counter()
+        for _ in range(steps):
+            runner.train_step()
+        seconds = time.perf_counter() - start
     totals: Dict[str, float] = {}
-    for line in lines[start + 1:end]:
+    for line in lines:
         fields = line.split(",")
         if not line.startswith("onednn_verbose") or "exec" not in fields:
             continue
@@ -97,35 +134,7 @@ def step_breakdown(text: str) -> Dict[str, float]:
         except ValueError:
             continue
         name = BREAKDOWN_KINDS.get(kind, "other oneDNN")
-        totals[name] = totals.get(name, 0.0) + milliseconds / result["steps"]
-    step_ms = result["seconds_per_step"] * 1000
+        totals[name] = totals.get(name, 0.0) + milliseconds / steps
+    step_ms = seconds / steps * 1000
     totals["the rest"] = step_ms - sum(totals.values())
     return {"step_ms": round(step_ms, 1), **{name: round(value, 1) for name, value in totals.items()}}
-
-
-def _breakdown_output(kind: str, worker: str, net_name: str, batch: int, size: int,
-                      args: argparse.Namespace) -> str:
-    """What a breakdown process of `kind` printed."""
-    command = entry_command("--worker", worker, "--breakdown", kind, "--net", net_name,
-                            "--batch_size", str(batch), "--image_size", str(size), "--threads", str(args.threads),
-                            "--cpu_isa", args.cpu_isa)
-    env = dict(os.environ, ONEDNN_VERBOSE="profile_exec") if kind == "onednn" else None
-    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
-    if result.returncode != 0:
-        raise RuntimeError(f"the {worker} {kind} breakdown process failed (exit {result.returncode}): "
-                           f"{result.stderr.strip().splitlines()[-1:]}")
-    return result.stdout
-
-
-def measure_breakdown(worker: str, net_name: str, batch: int, size: int,
-                      args: argparse.Namespace) -> List[Dict[str, float]]:
-    """One training step of `worker` taken apart by operation kind (step_breakdown), and its rest op by
-    op (rest_by_operator), each in a process of its own."""
-    kinds = step_breakdown(_breakdown_output("onednn", worker, net_name, batch, size, args))
-    table = _operator_table(_breakdown_output("operators", worker, net_name, batch, size, args))
-    return [kinds, rest_by_operator(table["operators"])]
-
-
-def _operator_table(text: str) -> Dict:
-    line = next(line for line in text.splitlines() if line.startswith(BREAKDOWN_MARK))
-    return json.loads(line[len(BREAKDOWN_MARK):])

@@ -7,7 +7,6 @@ import os
 from typing import Dict, List
 
 from src.cpu import cpu_model
-from tools.benchmarking.breakdown import measure_breakdown
 from tools.benchmarking.capacity import achieved_gmacs, cpu_capacity, model_figures
 from tools.benchmarking.cpu_paths import MINDSPORE_WORKERS, TORCH_WORKERS, compute_paths
 from tools.benchmarking.end_to_end import write_data
@@ -52,14 +51,16 @@ def benchmark_configuration(net_name: str, batch: int, size: int, args: argparse
             paths = write_data(os.path.join(data_root, f"{net_name}_{size}"), size,
                                images=(max(4, args.steps) + 2) * batch)
             data = workers[0].ask("data " + json.dumps(paths))
+        report["breakdown_ms"], report["rest_of_step_ms"] = {}, {}
+        for worker in [worker for worker in workers if worker.framework in MINDSPORE_WORKERS]:
+            # in its measuring process, after every measurement: the profiles slow what they watch
+            progress(f"{what}: one training step of {worker.framework} taken apart")
+            taken_apart = worker.ask("breakdown")
+            report["breakdown_ms"][worker.framework] = taken_apart["kinds"]
+            report["rest_of_step_ms"][worker.framework] = taken_apart["rest"]
     finally:
         for worker in workers:
             worker.close()
-    report["breakdown_ms"], report["rest_of_step_ms"] = {}, {}
-    for path in [worker.framework for worker in workers if worker.framework in MINDSPORE_WORKERS]:
-        progress(f"{net_name} {batch}x{size}: one training step of {path} taken apart")
-        report["breakdown_ms"][path], report["rest_of_step_ms"][path] = measure_breakdown(path, net_name, batch,
-                                                                                          size, args)
     report["cpu"] = cpu_model()
     report["pipeline_img_per_s"] = data["pipeline_img_per_s"]
     report["mindspore"]["train_end_to_end_img_per_s"] = data["train_end_to_end_img_per_s"]

@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from tools.benchmarking.breakdown import serve_breakdown
+from tools.benchmarking.breakdown import serve_breakdown, step_taken_apart
 from tools.benchmarking.cpu_paths import MINDSPORE_WORKERS, ONNX_WORKERS
 from tools.benchmarking.end_to_end import end_to_end_rate, pipeline_rate
 from tools.benchmarking.mindspore_runner import mindspore_runner
@@ -16,8 +16,9 @@ from tools.benchmarking.worker import reply
 
 def serve(args: argparse.Namespace) -> int:
     """A measuring process for one framework: builds its runner, then answers commands on stdin
-    ('measure', 'data ROOT', 'quit') with one JSON line each. The two frameworks never share a
-    process: PyTorch beside an initialized MindSpore ran at half its own speed here."""
+    ('measure', 'export FOLDER', 'data ROOT', 'breakdown', 'quit') with one JSON line each. The two
+    frameworks never share a process: PyTorch beside an initialized MindSpore ran at half its own
+    speed here."""
     if args.worker in MINDSPORE_WORKERS:
         runner = mindspore_runner(args)
     elif args.worker in ONNX_WORKERS:
@@ -37,6 +38,8 @@ def serve(args: argparse.Namespace) -> int:
         elif command == "export":
             reply({"onnx_files": runner.export_onnx(argument, args.batch_size, args.image_size),
                    "pixel_files": runner.export_onnx(argument, args.batch_size, args.image_size, pixels=True)})
+        elif command == "breakdown":
+            reply(step_taken_apart(runner))
         elif command == "data":
             paths = json.loads(argument)
             batches = max(4, args.steps)
