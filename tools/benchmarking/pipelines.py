@@ -101,8 +101,8 @@ def dataset_rate(data, batches: int) -> Tuple[float, float]:
     """img/s of a batched dataset over `batches` batches after one start-up batch (epochs repeat),
     and the main process's own CPU time per sample in microseconds (getrusage: all its threads,
     not its worker processes): the cost no number of workers takes off the training process.
-    The epochs those batches need are then read to their end, untimed: MindSpore stops the worker
-    processes of an iterator left mid-epoch only after a 5 s timeout each (measured)."""
+    The epochs those batches need are then read to their end, untimed: MindSpore stopped the worker
+    processes of an iterator left mid-epoch with results queued only after a 5 s join timeout."""
     epochs = -(-(batches + 1) // data.get_dataset_size())
     iterator = data.repeat(epochs).create_tuple_iterator(num_epochs=1, output_numpy=True)
     next(iterator)
