@@ -135,8 +135,16 @@ def _count_run(args: List[str], cpu_s: float, returncode: int) -> None:
         work = _test_work(test.rsplit(" (", 1)[0])
         work["runs"] += 1
         work["trainings"] += any(str(arg).endswith(TRAINING_ENTRIES) for arg in args)
-        entry = next((Path(str(arg)).name for arg in args if str(arg).endswith((".py", ".sh"))), str(args[0]))
-        work.setdefault("run_list", []).append({"entry": entry, "cpu_s": round(cpu_s, 2), "returncode": returncode})
+        work.setdefault("run_list", []).append({"entry": _entry_name(args), "cpu_s": round(cpu_s, 2),
+                                                "returncode": returncode})
+
+
+def _entry_name(args: List[str]) -> str:
+    """What a command runs: `python -m`'s module, else its script, else its program."""
+    args = [str(arg) for arg in args]
+    if "-m" in args[:2]:
+        return args[args.index("-m") + 1]
+    return next((Path(arg).name for arg in args if arg.endswith((".py", ".sh"))), Path(args[0]).name)
 
 
 @pytest.hookimpl(hookwrapper=True)
