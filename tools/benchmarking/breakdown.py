@@ -19,6 +19,8 @@ BREAKDOWN_KINDS = {"convolution": "convolutions", "batch_normalization": "normal
 ONEDNN_OPERATORS = ("Custom:OneDnn", "Custom:BlockedToPlain", "Conv2D", "BatchNorm", "MaxPool")
 # Operators named one by one in the rest; the others are summed.
 NAMED_OPERATORS = 8
+# Steps a fresh process trains before a breakdown: the first compiles, the next settle.
+WARM_UP_STEPS = 3
 
 
 def serve_breakdown(runner, kind: str) -> int:
@@ -29,10 +31,6 @@ def serve_breakdown(runner, kind: str) -> int:
     result = onednn_breakdown(runner) if kind == "onednn" else {"operators": operator_table(runner)}
     print(BREAKDOWN_MARK + json.dumps(result), flush=True)
     return 0
-
-
-# Steps a fresh process trains before a breakdown: the first compiles, the next settle.
-WARM_UP_STEPS = 3
 
 
 def step_taken_apart(runner) -> Dict[str, Dict[str, float]]:

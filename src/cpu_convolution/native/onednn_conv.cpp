@@ -1007,10 +1007,12 @@ constexpr int64_t kRun = 1 << 14;
 
 int64_t runs_per_segment(int64_t inner) { return (inner + kRun - 1) / kRun; }
 
+// How many units for_each_run calls `each` with for `count` elements.
+int64_t run_units(int64_t count, int64_t inner) { return count ? count / inner * runs_per_segment(inner) : 0; }
+
 template <typename Each>
 void for_each_run(int64_t count, int64_t ranges, int64_t inner, Each each) {
-    if (count == 0) return;
-    const int64_t per_segment = runs_per_segment(inner), units = count / inner * per_segment;
+    const int64_t per_segment = runs_per_segment(inner), units = run_units(count, inner);
 #pragma omp parallel for if (count > (1 << 16))
     for (int64_t unit = 0; unit < units; ++unit) {
         const int64_t segment = unit / per_segment, begin = segment * inner + unit % per_segment * kRun;
@@ -1197,7 +1199,7 @@ int lsq_backward(int nparam, void **params, int *ndims, int64_t **shapes, const 
     const float *alpha = static_cast<const float *>(params[lsq_grad::alpha]);
     const float *dy = static_cast<const float *>(params[lsq_grad::dy]);
     float *dx = static_cast<float *>(params[lsq_grad::dx]), *dalpha = static_cast<float *>(params[lsq_grad::dalpha]);
-    const int64_t per_segment = runs_per_segment(inner), units = count ? count / inner * per_segment : 0;
+    const int64_t per_segment = runs_per_segment(inner), units = run_units(count, inner);
     std::vector<double> partial(static_cast<size_t>(units), 0.0);  // one sum per run, added in order below
     use_threads();
     for_each_run(count, alphas, inner, [&](int64_t unit, int64_t c, int64_t begin, int64_t end) {
@@ -1208,7 +1210,6 @@ int lsq_backward(int nparam, void **params, int *ndims, int64_t **shapes, const 
     for (int64_t c = 0; c < alphas; ++c) dalpha[c] = static_cast<float>(sums[c]);
     return 0;
 }
-
 
 // One momentum SGD step over every parameter, as the training step with MindSpore's nn.Momentum takes
 // it, in two multi-threaded passes instead of five kernels per parameter. Inputs: the factor (1 / loss
