@@ -1,15 +1,15 @@
 """Structured channel pruning of a trained ResNet's residual blocks (issue 57, pruning: compression prune).
 
-Golden Stick 1.3.0's pruners were tried on this repository's resnet18 on CPU (docs/compression.md):
-UniPruner's graph analyzer pruned the stem and the residual streams but left layer1's convolutions
-at 64 input channels, so the pruned network failed at its first block; SCOP (PrunerKfCompressAlgo)
-only wraps conv+BN pairs in knockoff cells for its own training scheme. So channels are removed
-here, in the spirit of L1-filter pruning: only the INNER channels of each block (the outputs of
-conv1 in BasicBlock, of conv1 and conv2 in Bottleneck, with their BatchNorms and the next
-convolution's inputs), so every residual addition keeps its shape. Filters are ranked by the L1
-norm of their weights: it needs no BatchNorm statistics and is the criterion UniPruner and SCOP
-also start from. Kept counts are multiples of 16 where possible (the oneDNN CPU layers block
-channels by 16).
+Golden Stick 1.3.0's pruners were tried on this repository's resnet18 and resnet50 on CPU
+(docs/compression.md): UniPruner's graph analyzer pruned the stem and the residual streams but left
+layer1's convolutions at 64 input channels, so the pruned network failed at its first block; SCOP's
+knockoff stage needs `ops.Randperm`, which has no CPU kernel, and its fine-tune stage only masks
+channels to zero (the same parameters and FLOPs). So channels are removed here, in the spirit of
+L1-filter pruning: only the INNER channels of each block (the outputs of conv1 in BasicBlock, of
+conv1 and conv2 in Bottleneck, with their BatchNorms and the next convolution's inputs), so every
+residual addition keeps its shape. Filters are ranked by the L1 norm of their weights: it needs no
+BatchNorm statistics and no training stage of its own. Kept counts are multiples of 16 where
+possible (the oneDNN CPU layers block channels by 16).
 
 A pruned network is a standard ResNet with narrower blocks, and its checkpoint holds nothing else:
 the kept widths are the shapes of its inner convolutions' weights (`layer1.0.conv1.weight`).
