@@ -50,6 +50,9 @@ SHAPES = [
     dict(cin=32, cout=64, k=1, stride=2), dict(cin=32, cout=32, k=3, stride=2), dict(cin=64, cout=64, k=3, group=32),
     dict(cin=8, cout=16, k=3, stride=2, pad_mode="same"), dict(cin=16, cout=16, k=3, dilation=2),
     dict(cin=16, cout=8, k=3, bias=True),
+    # 1x1 images, a ResNet's last stage at 32 px: one tap of the kernel meets the image
+    dict(cin=16, cout=32, k=3, size=1), dict(cin=16, cout=16, k=3, pad_mode="same", size=1, bias=True),
+    dict(cin=32, cout=16, k=3, stride=2, size=1), dict(cin=16, cout=16, k=5, dilation=2, size=1),
 ]
 
 
@@ -91,12 +94,14 @@ def relative(a, b):
 @needs_library
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
 def test_forward_and_both_gradients_equal_mindspores_at_float32_rounding(shape):
+    shape = dict(shape)
+    size = shape.pop("size", 15)
     theirs, ours = conv_pair(**shape)
     ours_net, theirs_net = Wrapped(ours), Wrapped(theirs)
     ours_net.first.weight.set_data(theirs_net.first.weight.data.copy())
     assert use_onednn_convolutions(ours_net, image_gradient=True) == 2
     rng = np.random.default_rng(0)
-    x = Tensor(rng.standard_normal((2, shape["cin"], 15, 15)).astype(np.float32))
+    x = Tensor(rng.standard_normal((2, shape["cin"], size, size)).astype(np.float32))
     dy = Tensor(rng.standard_normal(theirs_net(x).shape).astype(np.float32))
     y_theirs, grads_theirs = values_and_gradients(theirs_net, x, dy)
     y_ours, grads_ours = values_and_gradients(ours_net, x, dy)
