@@ -50,9 +50,11 @@ SHAPES = [
     dict(cin=32, cout=64, k=1, stride=2), dict(cin=32, cout=32, k=3, stride=2), dict(cin=64, cout=64, k=3, group=32),
     dict(cin=8, cout=16, k=3, stride=2, pad_mode="same"), dict(cin=16, cout=16, k=3, dilation=2),
     dict(cin=16, cout=8, k=3, bias=True),
-    # 1x1 images, a ResNet's last stage at 32 px: one tap of the kernel meets the image
+    # one output pixel whose window holds the whole image (a ResNet's last stage at 32 px: 1x1 maps,
+    # and 2x2 ones under its first, strided, convolution): only those taps of the kernel meet it
     dict(cin=16, cout=32, k=3, size=1), dict(cin=16, cout=16, k=3, pad_mode="same", size=1, bias=True),
     dict(cin=32, cout=16, k=3, stride=2, size=1), dict(cin=16, cout=16, k=5, dilation=2, size=1),
+    dict(cin=32, cout=16, k=3, stride=2, size=2), dict(cin=16, cout=16, k=3, stride=2, pad_mode="same", size=2),
 ]
 
 
@@ -556,8 +558,9 @@ def layer_values(net, x, dy):
 
 @needs_library
 @needs_bf16
-@pytest.mark.parametrize("kind", ["conv", "norm", "relu", "add_relu", "pool"])
-def test_bfloat16_layers_equal_float32_ones_at_bfloat16_rounding(kind):
+@pytest.mark.parametrize("kind, size", [("conv", 12), ("norm", 12), ("relu", 12), ("add_relu", 12), ("pool", 12),
+                                        ("conv", 1)])  # a 1x1 image: only the kernel's centre meets it
+def test_bfloat16_layers_equal_float32_ones_at_bfloat16_rounding(kind, size):
     """Each layer of a bfloat16 network (use_onednn_layers(bf16=True)) after a convolution: its
     output, the image's and every parameter's gradient and the moving statistics against MindSpore's
     float32 layers, in L2 relative to the reference: never at float32's rounding (so it computed in
@@ -568,7 +571,7 @@ def test_bfloat16_layers_equal_float32_ones_at_bfloat16_rounding(kind):
     reference, ours = LayerAfterStem(kind, "mindspore"), LayerAfterStem(kind, "bfloat16")
     ms.load_param_into_net(ours, {p.name: ms.Parameter(p.data.copy(), name=p.name) for p in reference.get_parameters()})
     rng = np.random.default_rng(7)
-    x = Tensor(rng.standard_normal((4, 3, 12, 12)).astype(np.float32))
+    x = Tensor(rng.standard_normal((4, 3, size, size)).astype(np.float32))
     dy = Tensor(rng.standard_normal(reference(x).shape).astype(np.float32))
     expected, computed = layer_values(reference, x, dy), layer_values(ours, x, dy)
     assert len(expected) == len(computed)

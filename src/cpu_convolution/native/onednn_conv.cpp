@@ -165,7 +165,8 @@ struct Operand {
     // version it was made under (0: made unfrozen, so made again on the next call).
     bool keeps_reorders = false;
     std::unordered_map<void *, std::pair<memory, uint64_t>> kept;
-    // An output that fills part of MindSpore's buffer (one_tap's weight gradient): bytes zeroed first.
+    // An output that fills part of MindSpore's buffer (image_inside_kernel's weight gradient): the
+    // bytes zeroed first.
     size_t zeroed_bytes = 0;
 };
 
@@ -341,27 +342,30 @@ void same_padding(ConvParams &p, const memory::dims &x, const memory::dims &w) {
     split(x[3], p.stride_w, w[3], p.dilation_w, p.pad_left, p.pad_right);
 }
 
-// A kernel of which one tap alone meets the image: a 1x1 image padded to a 1x1 output (every
-// ResNet's last stage at 32 px: 3x3 convolutions on 1x1 maps). The other taps multiply padding zeros,
-// so the convolution is a 1x1 one with that tap's weights: a ninth of the work and of the weights to
-// reorder, and the other taps' weight gradient is zero (ResNet18 at 32 px, batch 64: its last
-// stage's convolutions took 12 ms of a 110 ms training step; the step went from 98 to 86 ms).
-bool one_tap(const memory::dims &x, const memory::dims &w, const memory::dims &y, const ConvParams &p) {
-    return p.groups == 1 && (w[2] > 1 || w[3] > 1) && x[2] == 1 && x[3] == 1 && y[2] == 1 && y[3] == 1 &&
-           p.dilation_h == 1 && p.dilation_w == 1 && 0 <= p.pad_top && p.pad_top < w[2] && 0 <= p.pad_left &&
-           p.pad_left < w[3];
+// A kernel of which a part alone meets the image: one output pixel whose window holds the whole image
+// (every ResNet's last stage at 32 px: 3x3 convolutions of 1x1 maps, and its first, strided, of 2x2
+// maps). The other taps multiply padding zeros, so the convolution is an unpadded one of the image's
+// size with those taps' weights: a ninth (a 1x1 image) or four ninths of the work and of the weights
+// to reorder, and the other taps' weight gradient is zero (ResNet18 at 32 px, batch 64: the 1x1
+// maps' convolutions took 12 ms of a 110 ms training step; the step went from 98 to 86 ms).
+bool image_inside_kernel(const memory::dims &x, const memory::dims &w, const memory::dims &y, const ConvParams &p) {
+    return p.groups == 1 && y[2] == 1 && y[3] == 1 && p.dilation_h == 1 && p.dilation_w == 1 && 0 <= p.pad_top &&
+           p.pad_top + x[2] <= w[2] && 0 <= p.pad_left && p.pad_left + x[3] <= w[3] && x[2] * x[3] < w[2] * w[3];
 }
 
 std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const memory::dims &w_dims,
                                 const memory::dims &y_dims, const ConvParams &p, dt x_type, dt y_type) {
     auto &engine = state().engine;
-    const bool tap = one_tap(x_dims, w_dims, y_dims, p);
+    const bool inside = image_inside_kernel(x_dims, w_dims, y_dims, p);
     memory::dims strides{p.stride_h, p.stride_w};
     memory::dims dilation{p.dilation_h - 1, p.dilation_w - 1};
     memory::dims pad_l{p.pad_top, p.pad_left};
     memory::dims pad_r{p.pad_bottom, p.pad_right};
     memory::dims w_conv = w_dims;  // the weights the primitive convolves with
-    if (tap) strides = {1, 1}, pad_l = {0, 0}, pad_r = {0, 0}, w_conv = {w_dims[0], w_dims[1], 1, 1};
+    if (inside) {
+        strides = {1, 1}, pad_l = {0, 0}, pad_r = {0, 0};
+        w_conv = {w_dims[0], w_dims[1], x_dims[2], x_dims[3]};
+    }
     const dt compute = p.bf16 ? dt::bf16 : dt::f32;
     auto x_any = memory::desc(x_dims, compute, tag::any);
     auto y_any = memory::desc(y_dims, compute, tag::any);
@@ -369,7 +373,7 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
     auto x_user = activation(x_dims, x_type, p.layout & 1);
     auto y_user = activation(y_dims, y_type, p.layout & 2);
     auto w_user = weights_desc(w_dims, p.groups, dt::f32, tag::oihw);
-    if (tap) w_user = w_user.submemory_desc(w_conv, {0, 0, p.pad_top, p.pad_left});  // that tap in MindSpore's OIHW
+    if (inside) w_user = w_user.submemory_desc(w_conv, {0, 0, p.pad_top, p.pad_left});  // those taps of the OIHW buffer
     auto attr = user_scratchpad();
     // forward_training for evaluation too: for inference oneDNN chose kernels that want NHWC here (two
     // more reorders per layer; a ResNet18 32 px evaluation at batch 64 took longer)
@@ -406,7 +410,7 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
         plan->operands = {operand(DNNL_ARG_SRC, x, false, x_user, backward.src_desc()),
                           operand(DNNL_ARG_DIFF_DST, dy, false, y_user, backward.diff_dst_desc()),
                           operand(DNNL_ARG_DIFF_WEIGHTS, dw, true, w_user, backward.diff_weights_desc())};
-        if (tap) plan->operands[2].zeroed_bytes = element_count(4, w_dims.data()) * sizeof(float);
+        if (inside) plan->operands[2].zeroed_bytes = element_count(4, w_dims.data()) * sizeof(float);
         own_scratchpad(*plan, backward);
     }
     return plan;
