@@ -168,6 +168,8 @@ struct Operand {
     // An output that fills part of MindSpore's buffer (image_inside_kernel's weight gradient): the
     // bytes zeroed first.
     size_t zeroed_bytes = 0;
+    // An output reorder from 16x16-blocked weights to plain ones that copies_blocks_out does, not oneDNN.
+    bool copies_blocks = false;
 };
 
 struct Plan {
@@ -301,12 +303,48 @@ tag chosen_layout(const dnnl::engine &engine, dt type) {
 // The same elements seen as one flat run, for element-wise primitives over tensors of one layout.
 memory::desc flat(int64_t count, dt type) { return memory::desc({count}, type, tag::a); }
 
+// Threads for one kernel call: all of them, or one where the work is too small to pay for waking the
+// others (on a virtual machine a parallel region's wake-up took ~90 us, more than a batch-1
+// convolution of a 32 px ResNet layer takes on one core).
+constexpr int64_t kOneThreadMacs = 4 << 20, kOneThreadElements = 64 << 10;
+
+// Float32 weights blocked 16 output by 16 input channels (ABcd16b16a, the weight gradients of
+// oneDNN's float32 convolutions here) into a plain, possibly strided, OIHW `user`: oneDNN's reorder
+// writes the plain side one column of a block at a time, sixteen rows a power of two apart that fall
+// into one cache set, and ran at 4 GB/s for a 1x1 layer's 1024 or 2048 inputs; row by row, 30 GB/s.
+bool blocks_copy_out(const memory::desc &blocked, const memory::desc &user) {
+    const memory::dims dims = user.get_dims();
+    return dims.size() == 4 && user.get_data_type() == dt::f32 && user.get_inner_nblks() == 0 && dims[0] % 16 == 0 &&
+           dims[1] % 16 == 0 && blocked == memory::desc(dims, dt::f32, tag::ABcd16b16a);
+}
+
+void copy_blocks_out(const memory &blocked, const memory &user) {
+    const memory::desc desc = user.get_desc();
+    const memory::dims d = desc.get_dims(), stride = desc.get_strides();
+    const int64_t out_blocks = d[0] / 16, in_blocks = d[1] / 16, kh = d[2], kw = d[3];
+    const float *in = static_cast<const float *>(blocked.get_data_handle());
+    float *out = static_cast<float *>(user.get_data_handle()) + desc.get_submemory_offset();
+#pragma omp parallel for collapse(2) if (element_count(4, d.data()) > kOneThreadElements)
+    for (int64_t ob = 0; ob < out_blocks; ++ob)
+        for (int64_t ib = 0; ib < in_blocks; ++ib) {
+            const float *block = in + (ob * in_blocks + ib) * kh * kw * 256;
+            for (int64_t o = 0; o < 16; ++o)
+                for (int64_t i = 0; i < 16; ++i) {
+                    float *row = out + (ob * 16 + o) * stride[0] + (ib * 16 + i) * stride[1];
+                    for (int64_t y = 0; y < kh; ++y)
+                        for (int64_t x = 0; x < kw; ++x)
+                            row[y * stride[2] + x * stride[3]] = block[(y * kw + x) * 256 + i * 16 + o];
+                }
+        }
+}
+
 Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, const memory::desc &wanted) {
     auto &engine = state().engine;
     Operand result{arg, slot, output, memory(user_desc, engine, DNNL_MEMORY_NONE), memory(), false, {}};
     result.reorders = wanted != user_desc;
     result.inner = result.reorders ? memory(wanted, engine) : result.user;
-    if (result.reorders)
+    result.copies_blocks = result.reorders && output && blocks_copy_out(wanted, user_desc);
+    if (result.reorders && !result.copies_blocks)
         result.reorder = output ? dnnl::reorder(result.inner, result.user) : dnnl::reorder(result.user, result.inner);
     return result;
 }
@@ -599,8 +637,15 @@ void execute(Plan &plan, void **slots) {
         args[o.arg] = o.inner;
     }
     plan.primitive.execute(s.stream, args);
-    for (auto &o : plan.operands)
-        if (o.reorders && o.output) o.reorder.execute(s.stream, o.inner, o.user);
+    for (auto &o : plan.operands) {
+        if (!o.reorders || !o.output) continue;
+        if (o.copies_blocks) {
+            s.stream.wait();
+            copy_blocks_out(o.inner, o.user);
+        } else {
+            o.reorder.execute(s.stream, o.inner, o.user);
+        }
+    }
     if (plan.postlude) execute(*plan.postlude, slots);
 }
 
@@ -609,11 +654,6 @@ void execute(Plan &plan, void **slots) {
 void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const char *dtype) {
     std::memset(slots[norm_backward::dresidual], 0, element_count(ndims, shape) * element_size(dtype));
 }
-
-// Threads for one kernel call: all of them, or one where the work is too small to pay for waking the
-// others (on a virtual machine a parallel region's wake-up took ~90 us, more than a batch-1
-// convolution of a 32 px ResNet layer takes on one core).
-constexpr int64_t kOneThreadMacs = 4 << 20, kOneThreadElements = 64 << 10;
 
 // The two loops below select with bit masks, not branches: a branch on the sign of each element
 // mispredicted on every other one and ran at a tenth of the memory's speed (this build's -O2 does
