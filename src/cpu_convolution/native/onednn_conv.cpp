@@ -166,9 +166,9 @@ struct Operand {
     bool keeps_reorders = false;
     std::unordered_map<void *, std::pair<memory, uint64_t>> kept;
     // An output that fills part of MindSpore's buffer (image_inside_kernel's weight gradient): the
-    // bytes zeroed first.
+    // bytes zeroed first (or by copy_blocks_out as it writes them).
     size_t zeroed_bytes = 0;
-    // An output reorder from 16x16-blocked weights to plain ones that copies_blocks_out does, not oneDNN.
+    // An output reorder from 16x16-blocked weights to plain ones that copy_blocks_out does, not oneDNN.
     bool copies_blocks = false;
 };
 
@@ -318,23 +318,29 @@ bool blocks_copy_out(const memory::desc &blocked, const memory::desc &user) {
            dims[1] % 16 == 0 && blocked == memory::desc(dims, dt::f32, tag::ABcd16b16a);
 }
 
-void copy_blocks_out(const memory &blocked, const memory &user) {
+// `zero_rest`: `user` views some taps of a whole OIHW buffer (image_inside_kernel's weight gradient),
+// whose other taps get zeros in the same pass: one write of the buffer, not a memset and a second pass.
+void copy_blocks_out(const memory &blocked, const memory &user, bool zero_rest) {
     const memory::desc desc = user.get_desc();
     const memory::dims d = desc.get_dims(), stride = desc.get_strides();
     const int64_t out_blocks = d[0] / 16, in_blocks = d[1] / 16, kh = d[2], kw = d[3];
+    const int64_t offset = desc.get_submemory_offset();
     const float *in = static_cast<const float *>(blocked.get_data_handle());
-    float *out = static_cast<float *>(user.get_data_handle()) + desc.get_submemory_offset();
+    float *base = static_cast<float *>(user.get_data_handle());
 #pragma omp parallel for collapse(2) if (element_count(4, d.data()) > kOneThreadElements)
     for (int64_t ob = 0; ob < out_blocks; ++ob)
         for (int64_t ib = 0; ib < in_blocks; ++ib) {
             const float *block = in + (ob * in_blocks + ib) * kh * kw * 256;
-            for (int64_t o = 0; o < 16; ++o)
-                for (int64_t i = 0; i < 16; ++i) {
-                    float *row = out + (ob * 16 + o) * stride[0] + (ib * 16 + i) * stride[1];
-                    for (int64_t y = 0; y < kh; ++y)
-                        for (int64_t x = 0; x < kw; ++x)
-                            row[y * stride[2] + x * stride[3]] = block[(y * kw + x) * 256 + i * 16 + o];
-                }
+            for (int64_t o = 0; o < 16; ++o) {
+                float *rows = base + (ob * 16 + o) * stride[0] + ib * 16 * stride[1];  // the block's 16 inputs
+                if (zero_rest) std::memset(rows, 0, 16 * stride[1] * sizeof(float));
+                for (int64_t y = 0; y < kh; ++y)
+                    for (int64_t x = 0; x < kw; ++x) {
+                        float *tap = rows + offset + y * stride[2] + x * stride[3];
+                        const float *column = block + (y * kw + x) * 256 + o;
+                        for (int i = 0; i < 16; ++i) tap[i * stride[1]] = column[i * 16];  // unrolled: 16 fixed
+                    }
+            }
         }
 }
 
@@ -628,7 +634,7 @@ void execute(Plan &plan, void **slots) {
         args[DNNL_ARG_SCRATCHPAD] = memory(plan.scratchpad, s.engine, scratchpad_of(s, bytes));
     for (auto &o : plan.operands) {
         o.user.set_data_handle(slots[o.slot]);
-        if (o.zeroed_bytes) std::memset(slots[o.slot], 0, o.zeroed_bytes);
+        if (o.zeroed_bytes && !o.copies_blocks) std::memset(slots[o.slot], 0, o.zeroed_bytes);
         if (o.keeps_reorders) {
             args[o.arg] = kept_reorder(o, slots[o.slot]);
             continue;
@@ -641,7 +647,7 @@ void execute(Plan &plan, void **slots) {
         if (!o.reorders || !o.output) continue;
         if (o.copies_blocks) {
             s.stream.wait();
-            copy_blocks_out(o.inner, o.user);
+            copy_blocks_out(o.inner, o.user, o.zeroed_bytes != 0);
         } else {
             o.reorder.execute(s.stream, o.inner, o.user);
         }
