@@ -52,6 +52,11 @@ def test_benchmark_writes_every_field(tmp_path):
         assert parts["step_ms"] > 0 and parts["convolutions"] > 0
         assert abs(sum(v for k, v in parts.items() if k != "step_ms") - parts["step_ms"]) < 0.5
     assert report["breakdown_ms"]["ours"]["normalization"] > 0  # BatchNorm runs in our oneDNN, blocked
+    # Our layers' own loops, outside oneDNN's primitives (their timers): part of that path's rest
+    assert set(report["own_loops_ms"]) == set(report["breakdown_ms"]) and report["own_loops_ms"]["mindspore"] == {}
+    for path, own in report["own_loops_ms"].items():
+        assert all(ms >= 0 for ms in own.values()) and sum(own.values()) <= report["breakdown_ms"][path]["the rest"]
+    assert report["own_loops_ms"]["ours"]["weight gradient copies"] > 0
     # The rest op by op: MindSpore's optimizer kernels on its path; with ours, one op of the step's own cell
     assert set(report["rest_of_step_ms"]) == set(report["breakdown_ms"])
     for rest in report["rest_of_step_ms"].values():

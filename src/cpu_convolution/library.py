@@ -52,7 +52,7 @@ SLOTS: Dict[str, Tuple[str, ...]] = {
 def load_library() -> ctypes.CDLL:
     """The library, loaded once per process (the same handle MindSpore's Custom ops get)."""
     library = ctypes.CDLL(LIBRARY)
-    for name in ("TakeError", "RecordFields", "KernelSlots", "BlockedLayout", "IsaCap"):
+    for name in ("TakeError", "RecordFields", "KernelSlots", "BlockedLayout", "IsaCap", "OwnLoopNames"):
         getattr(library, name).restype = ctypes.c_char_p
     for name in ("RecordFields", "KernelSlots", "BlockedLayout", "CapIsa"):
         getattr(library, name).argtypes = [ctypes.c_char_p]
@@ -61,6 +61,7 @@ def load_library() -> ctypes.CDLL:
     library.PeakGmacs.argtypes = [ctypes.c_int]
     library.ScratchpadBytes.restype = ctypes.c_int64
     library.FreezeWeights.restype = library.FrozenVersion.restype = ctypes.c_uint64
+    library.OwnLoopSeconds.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     return library
 
 
@@ -157,6 +158,16 @@ def thaw_weights() -> None:
 def frozen_version() -> int:
     """The frozen version in force (0: thawed)."""
     return load_library().FrozenVersion()
+
+
+def own_loop_seconds() -> Dict[str, float]:
+    """Seconds the layers' kernels have spent in the library's own loops, outside oneDNN's primitives,
+    since it loaded, by what each loop does (the residual addition and ReLU, the gradient sums, ...)."""
+    library = load_library()
+    names = _names(library.OwnLoopNames())
+    seconds = (ctypes.c_double * len(names))()
+    library.OwnLoopSeconds(seconds, len(names))
+    return dict(zip(names, seconds))
 
 
 def plan_count() -> int:

@@ -21,6 +21,8 @@ ONEDNN_OPERATORS = ("Custom:OneDnn", "Custom:BlockedToPlain", "Conv2D", "BatchNo
 NAMED_OPERATORS = 8
 # Steps a fresh process trains before a breakdown: the first compiles, the next settle.
 WARM_UP_STEPS = 3
+# Steps the oneDNN breakdown times.
+BREAKDOWN_STEPS = 2
 
 
 def serve_breakdown(runner, kind: str) -> int:
@@ -34,10 +36,31 @@ def serve_breakdown(runner, kind: str) -> int:
 
 
 def step_taken_apart(runner) -> Dict[str, Dict[str, float]]:
-    """Both breakdowns of a warm runner's training step: 'kinds' (onednn_breakdown) and 'rest' (the
-    rest op by op, rest_by_operator)."""
+    """The breakdowns of a warm runner's training step: 'kinds' (onednn_breakdown), 'own' (our layers'
+    own loops in those steps, part of their rest: own_loops_ms) and 'rest' (the rest op by op,
+    rest_by_operator)."""
     runner.train_step()
-    return {"kinds": onednn_breakdown(runner), "rest": rest_by_operator(operator_table(runner))}
+    before = _own_loop_seconds()
+    kinds = onednn_breakdown(runner, BREAKDOWN_STEPS)
+    own = own_loops_ms(before, _own_loop_seconds(), BREAKDOWN_STEPS)
+    return {"kinds": kinds, "own": own, "rest": rest_by_operator(operator_table(runner))}
+
+
+def _own_loop_seconds() -> Dict[str, float]:
+    """Our layers' own loop timers (src.cpu_convolution.library.own_loop_seconds), or none where this
+    process has not loaded our library (MindSpore's convolutions)."""
+    from src.cpu_convolution import library
+    try:
+        ctypes.CDLL(library.LIBRARY, mode=os.RTLD_NOLOAD)
+    except OSError:
+        return {}
+    return library.own_loop_seconds()
+
+
+def own_loops_ms(before: Dict[str, float], after: Dict[str, float], steps: int) -> Dict[str, float]:
+    """Milliseconds per step each of our layers' own loops took between two readings of their timers:
+    time inside our kernels outside oneDNN's primitives, which the breakdown counts in the rest."""
+    return {name: round((after[name] - before[name]) * 1000 / steps, 1) for name in after}
 
 
 def operator_table(runner, steps: int = 4) -> Dict[str, float]:
@@ -112,7 +135,7 @@ def _onednn_verbose() -> Iterator[List[str]]:
         lines.extend(captured.read().splitlines())
 
 
-def onednn_breakdown(runner, steps: int = 2) -> Dict[str, float]:
+def onednn_breakdown(runner, steps: int = BREAKDOWN_STEPS) -> Dict[str, float]:
     """Milliseconds per step by operation kind over `steps` training steps of a warm runner: oneDNN's
     primitives by kind (MindSpore's copy and ours both), and the rest of the step (MindSpore's own
     kernels, the optimizer, the framework)."""

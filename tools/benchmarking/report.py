@@ -90,11 +90,16 @@ def _cpu_path_rows(r: Dict) -> List[str]:
 
 
 def _breakdown_rows(r: Dict) -> List[str]:
-    """Each MindSpore path's training step taken apart, then its rest op by op."""
+    """Each MindSpore path's training step taken apart, then its rest: our layers' own loops, and
+    MindSpore's operators one by one."""
     lines = []
     for name, parts in r.get("breakdown_ms", {}).items():
         lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(f"{part} {value:.0f} ms"
                                                                          for part, value in parts.items()))
+        own = r.get("own_loops_ms", {}).get(name)
+        if own:
+            lines.append("    the rest, our layers outside oneDNN's primitives (their timers): " + ", ".join(
+                f"{part} {value:.1f}" for part, value in own.items()) + " ms")
         rest = r.get("rest_of_step_ms", {}).get(name)
         if rest:
             lines.append("    the rest, op by op (MindSpore's profiler): " + ", ".join(

@@ -221,6 +221,26 @@ bool g_state_made = false;
 
 tag chosen_layout(const dnnl::engine &engine, dt type);
 
+// Seconds spent in this library's own loops inside the layers' kernels, outside oneDNN's primitives,
+// since it loaded (OwnLoopSeconds: benchmark.py names them in the rest of a training step). Every
+// kernel runs under the state's lock, so the sums need none of their own.
+enum OwnLoop { kResidualRelu, kGradientSums, kWeightGradientCopies, kZeroedGradients, kOwnLoopCount };
+const char *const kOwnLoopNames =
+    "residual addition and ReLU,gradient sums,weight gradient copies,zeroed gradients,";
+double g_own_seconds[kOwnLoopCount] = {};
+
+class Timed {  // adds the seconds of its scope to one of g_own_seconds
+   public:
+    explicit Timed(OwnLoop loop) : loop_(loop), start_(std::chrono::steady_clock::now()) {}
+    ~Timed() {
+        g_own_seconds[loop_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+
+   private:
+    OwnLoop loop_;
+    std::chrono::steady_clock::time_point start_;
+};
+
 State &state() {
     static State *instance = [] {
         // MindSpore's copy may be capped at AVX2 (src/device.py) because of its NCHW-only path; this
@@ -634,7 +654,10 @@ void execute(Plan &plan, void **slots) {
         args[DNNL_ARG_SCRATCHPAD] = memory(plan.scratchpad, s.engine, scratchpad_of(s, bytes));
     for (auto &o : plan.operands) {
         o.user.set_data_handle(slots[o.slot]);
-        if (o.zeroed_bytes && !o.copies_blocks) std::memset(slots[o.slot], 0, o.zeroed_bytes);
+        if (o.zeroed_bytes && !o.copies_blocks) {
+            Timed timed(kZeroedGradients);
+            std::memset(slots[o.slot], 0, o.zeroed_bytes);
+        }
         if (o.keeps_reorders) {
             args[o.arg] = kept_reorder(o, slots[o.slot]);
             continue;
@@ -647,6 +670,7 @@ void execute(Plan &plan, void **slots) {
         if (!o.reorders || !o.output) continue;
         if (o.copies_blocks) {
             s.stream.wait();
+            Timed timed(kWeightGradientCopies);
             copy_blocks_out(o.inner, o.user, o.zeroed_bytes != 0);
         } else {
             o.reorder.execute(s.stream, o.inner, o.user);
@@ -658,6 +682,7 @@ void execute(Plan &plan, void **slots) {
 // Without the residual addition the normalization's backward writes zeros as the gradient of the
 // residual's stand-in (with it, the plan's prelude writes dresidual).
 void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const char *dtype) {
+    Timed timed(kZeroedGradients);
     std::memset(slots[norm_backward::dresidual], 0, element_count(ndims, shape) * element_size(dtype));
 }
 
@@ -675,6 +700,7 @@ inline float kept_if(float value, bool keep) {
 // A forked normalization's residual addition and ReLU: y = y_copy = max(y + residual, 0), the float
 // operations of oneDNN's binary addition with its ReLU after (NormForward's postlude), written twice.
 void add_relu_twice(void **slots, int64_t count) {
+    Timed timed(kResidualRelu);
     float *__restrict y = static_cast<float *>(slots[norm_forward::y]);
     float *__restrict copy = static_cast<float *>(slots[norm_forward_forked::y_copy]);
     const float *__restrict residual = static_cast<const float *>(slots[norm_forward::residual]);
@@ -706,6 +732,7 @@ void add_relu_twice(void **slots, int64_t count) {
 // A summed normalization's first step: dresidual = dy + dy_copy where the output passed the ReLU,
 // else 0 (the sum AddN would take, then NormBackward's prelude), in one pass.
 void masked_sum(void **slots, int64_t count) {
+    Timed timed(kGradientSums);
     const float *__restrict y = static_cast<const float *>(slots[norm_backward::y]);
     const float *__restrict dy = static_cast<const float *>(slots[norm_backward::dy]);
     const float *__restrict dy_copy = static_cast<const float *>(slots[norm_backward_summed::dy_copy]);
@@ -1517,6 +1544,15 @@ EXPORT void ThawWeights() {
     g_frozen_version = 0;
 }
 EXPORT uint64_t FrozenVersion() { return g_frozen_version; }
+
+// The names of the layers' own loops (each followed by a comma), and their seconds since the library
+// loaded, into `seconds` (at most `capacity`); returns how many there are.
+EXPORT const char *OwnLoopNames() { return kOwnLoopNames; }
+EXPORT int OwnLoopSeconds(double *seconds, int capacity) {
+    std::lock_guard<std::mutex> guard(state().lock);
+    for (int i = 0; i < std::min<int>(capacity, kOwnLoopCount); ++i) seconds[i] = g_own_seconds[i];
+    return kOwnLoopCount;
+}
 
 // The oneDNN version this library runs (to prove the private copy is the one bound).
 EXPORT int OneDnnVersion() {
