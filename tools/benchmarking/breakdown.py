@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 BREAKDOWN_MARK = "BREAKDOWN "
 BREAKDOWN_KINDS = {"convolution": "convolutions", "batch_normalization": "normalization", "pooling": "pooling",
@@ -50,11 +50,7 @@ def _own_loop_seconds() -> Dict[str, float]:
     """Our layers' own loop timers (src.cpu_convolution.library.own_loop_seconds), or none where this
     process has not loaded our library (MindSpore's convolutions)."""
     from src.cpu_convolution import library
-    try:
-        ctypes.CDLL(library.LIBRARY, mode=os.RTLD_NOLOAD)
-    except OSError:
-        return {}
-    return library.own_loop_seconds()
+    return library.own_loop_seconds() if _already_loaded(library.LIBRARY) else {}
 
 
 def own_loops_ms(before: Dict[str, float], after: Dict[str, float], steps: int) -> Dict[str, float]:
@@ -101,13 +97,15 @@ def _onednn_libraries() -> List[ctypes.CDLL]:
     from src.cpu_convolution.library import NATIVE_DIR
     paths = (os.path.join(os.path.dirname(mindspore.__file__), "lib", "libdnnl.so.3"),
              os.path.join(NATIVE_DIR, "libdnnl_resnet.so.3"))
-    loaded = []
-    for path in paths:
-        try:
-            loaded.append(ctypes.CDLL(path, mode=os.RTLD_NOLOAD))
-        except OSError:  # not loaded here (our layers are not in this path)
-            pass
-    return loaded
+    return [library for library in map(_already_loaded, paths) if library]
+
+
+def _already_loaded(path: str) -> Optional[ctypes.CDLL]:
+    """The shared library at `path` if this process has loaded it (our layers are not in every path)."""
+    try:
+        return ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager

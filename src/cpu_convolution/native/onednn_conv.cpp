@@ -332,7 +332,7 @@ constexpr int64_t kOneThreadMacs = 4 << 20, kOneThreadElements = 64 << 10;
 // oneDNN's float32 convolutions here) into a plain, possibly strided, OIHW `user`: oneDNN's reorder
 // writes the plain side one column of a block at a time, sixteen rows a power of two apart that fall
 // into one cache set, and ran at 4 GB/s for a 1x1 layer's 1024 or 2048 inputs; row by row, 30 GB/s.
-bool blocks_copy_out(const memory::desc &blocked, const memory::desc &user) {
+bool copyable_blocks(const memory::desc &blocked, const memory::desc &user) {
     const memory::dims dims = user.get_dims();
     return dims.size() == 4 && user.get_data_type() == dt::f32 && user.get_inner_nblks() == 0 && dims[0] % 16 == 0 &&
            dims[1] % 16 == 0 && blocked == memory::desc(dims, dt::f32, tag::ABcd16b16a);
@@ -369,7 +369,7 @@ Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, c
     Operand result{arg, slot, output, memory(user_desc, engine, DNNL_MEMORY_NONE), memory(), false, {}};
     result.reorders = wanted != user_desc;
     result.inner = result.reorders ? memory(wanted, engine) : result.user;
-    result.copies_blocks = result.reorders && output && blocks_copy_out(wanted, user_desc);
+    result.copies_blocks = result.reorders && output && copyable_blocks(wanted, user_desc);
     if (result.reorders && !result.copies_blocks)
         result.reorder = output ? dnnl::reorder(result.inner, result.user) : dnnl::reorder(result.user, result.inner);
     return result;
