@@ -124,10 +124,18 @@ def test_the_image_gradient_is_skipped_unless_asked_and_names_stay():
         net.set_train(False)
         ms.load_param_into_net(net, {p.name: p for p in plain.get_parameters()})
 
-    def input_gradient(net):
-        return ms.grad(lambda images: net(images).sum())(x).asnumpy()  # noqa: E731 (PYNATIVE)
+    def input_gradient(net, cotangent=None):
+        if cotangent is None:
+            return ms.grad(lambda images: net(images).sum())(x).asnumpy()  # noqa: E731 (PYNATIVE)
+        return ms.grad(lambda images: (net(images) * cotangent).sum())(x).asnumpy()
     assert not input_gradient(ours).any()
-    assert relative(input_gradient(asked), input_gradient(plain)) < 1e-4
+    stem_cotangent = Tensor(np.random.default_rng(2).standard_normal((2, 64, 16, 16)).astype(np.float32))
+    assert relative(input_gradient(asked.conv1, stem_cotangent), input_gradient(plain.conv1, stem_cotangent)) < 1e-4
+    # Through the whole network the max pool picks one of two nearly equal values by the convolutions'
+    # rounding, so about one network in a hundred routes a pixel's gradient to its neighbour (a 9x7
+    # patch of one image moved): compared as a whole, not element by element.
+    through, reference = input_gradient(asked), input_gradient(plain)
+    assert np.linalg.norm(through - reference) < 0.05 * np.linalg.norm(reference)
     assert relative(ours(x).asnumpy(), plain(x).asnumpy()) < 1e-5
 
 
