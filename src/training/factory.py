@@ -8,7 +8,7 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Model
 
-from src.compression import LSQ, PRUNE, QAT, check_compression
+from src.compression import LSQ, PRUNE, QAT, QUANTIZATIONS, check_compression
 from src.compression.lsq import start_activation_steps
 from src.compression.prune import full_widths, prune_blocks, pruned_widths
 from src.compression.qat import cpu_fake_quantizers
@@ -119,13 +119,17 @@ def start_lsq_steps(cfg: Config, net: nn.Cell, group_size: int, log=print) -> No
 
 def fusion_points(cfg: Config, net) -> list:
     """The allreduce fusion split points: the config's (validated) or derived from the network;
-    none under compression lsq (one allreduce per gradient): MindSpore 2.10 failed to fuse LSQ's
-    gradients ("Memory not enough ... Continuous memory conflicted" at the first step, with the
-    step sizes' gradients in a fused group), and fused nothing when no split point was set."""
-    if cfg.compression == LSQ:
+    none under compression qat or lsq (one allreduce per gradient). MindSpore 2.10 did not fuse
+    Golden Stick's networks correctly: with the fake quantizers' ranges or step sizes in the network,
+    two fused buckets stopped LSQ's first step ("Memory not enough ... Continuous memory conflicted")
+    and silently changed QAT's forward passes (ResNet18 from a trained checkpoint on 2 ranks: a first
+    loss of 6.9 instead of 0.16, non-finite in 3 steps; the tests' resnet10: 1% off); unfused, rank 0's
+    first loss is the one a single process computes on its batch (tests/test_compression.py)."""
+    if cfg.compression in QUANTIZATIONS:
         if cfg.all_reduce_fusion_config:
-            raise UserInputError("compression lsq trains with one allreduce per gradient (MindSpore 2.10 fails to "
-                                 "fuse its step sizes' gradients); drop --all_reduce_fusion_config")
+            raise UserInputError(f"compression {cfg.compression} trains with one allreduce per gradient "
+                                 f"(MindSpore 2.10 fuses a quantization-aware network's gradients wrongly); "
+                                 f"drop --all_reduce_fusion_config")
         return []
     sizes = [int(np.prod(p.shape)) for p in net.trainable_params()]
     if cfg.all_reduce_fusion_config:
