@@ -322,21 +322,19 @@ def train_two_ranks(cifar_dir: Path, out: Path, port: int, *extra: str) -> str:
     return launched.stdout
 
 
-def first_loss_in_process(cifar_dir: Path, float_ckpt: Path, *, rank: int, group_size: int) -> float:
-    """The loss of the QAT network made from `float_ckpt` on rank `rank`'s first batch of 8, in
-    training mode (each fake quantizer on this batch's range), in this process."""
+def first_loss_in_process(cifar_dir: Path, *extra: str, rank: int, group_size: int,
+                          convolutions: str = "mindspore") -> float:
+    """The loss of the network train.py builds from TRAIN at batch 8 with `extra` (its compression and
+    --pre_trained) on rank `rank`'s first batch, in training mode, in this process: what that rank's
+    first step logs."""
     import mindspore as ms
 
-    from src.compression.qat import apply_qat
     from src.config import load_config
-    from src.resnet import create_model
     from src.training.data import host_batches
+    from src.training.factory import create_network
     from src.training.loss import loss_from_config
-    cfg = load_config(["--config_path", CONFIG, "--net_name", NET, "--data_path", str(cifar_dir), "--batch_size", "8",
-                       *QAT], prog="train.py")
-    net = create_model(NET, num_classes=10)
-    ms.load_param_into_net(net, ms.load_checkpoint(str(float_ckpt)), strict_load=True)
-    apply_qat(net)
+    cfg = load_config([*TRAIN, "--data_path", str(cifar_dir), "--batch_size", "8", *extra], prog="train.py")
+    net = create_network(cfg, lambda _: None, convolutions)
     net.set_train(True)
     images, labels = host_batches(cfg, rank, group_size, first=0, count=1)[0]
     return float(loss_from_config(cfg)(net(ms.Tensor(images)), ms.Tensor(labels)).asnumpy())
@@ -353,7 +351,7 @@ def test_two_ranks_train_qat_to_identical_weights(cifar_dir, float_ckpt, tmp_pat
     logged = float(read_metrics(tmp_path / RUN)[0]["loss"])
     # Equal to the last digit logged, with MindSpore's convolutions capped as in train.py (conftest.py:
     # uncapped, its other kernels' rounding moved a trained ResNet18's QAT loss by 4.5%).
-    alone = first_loss_in_process(cifar_dir, float_ckpt, rank=0, group_size=2)
+    alone = first_loss_in_process(cifar_dir, *QAT, "--pre_trained", str(float_ckpt), rank=0, group_size=2)
     assert abs(logged - alone) < 1e-6 * logged
 
 

@@ -7,13 +7,13 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
-from test_compression import CONFIG, NET, RUN, TRAIN, train_two_ranks, weights
+from test_compression import CONFIG, NET, RUN, TRAIN, first_loss_in_process, train_two_ranks, weights
 
-from conftest import PYTHON, last_json, one_line_error, run, train_args
+from conftest import PYTHON, last_json, one_line_error, read_metrics, run, train_args
 from src.compression import check_checkpoint_compression
 from src.compression.prune import full_widths, kept_channels, prune_blocks, pruned_widths
 from src.config import load_config
-from src.cpu_convolution import use_onednn_layers
+from src.cpu_convolution import unavailable_reason, use_onednn_layers
 from src.errors import UserInputError
 from src.resnet import create_model
 from src.training.checkpoint import load_pretrained, network_from_checkpoint
@@ -212,8 +212,14 @@ def test_a_relaunched_pruned_run_equals_the_uninterrupted_one(pruned_run, cifar_
 
 @pytest.mark.slow
 def test_two_ranks_train_a_pruned_network_to_identical_weights(cifar_dir, float_ckpt, tmp_path):
+    """Data-parallel pruning (2 CPU ranks, the fused allreduce buckets): the ranks end equal, and rank
+    0's first loss is the one this process computes on its batch (our layers here, as there)."""
     train_two_ranks(cifar_dir, tmp_path, 8172, *PRUNE, "--pre_trained", str(float_ckpt))
     assert inner_widths(tmp_path / RUN / f"{NET}-1_12.ckpt") == HALF
+    logged = float(read_metrics(tmp_path / RUN)[0]["loss"])
+    alone = first_loss_in_process(cifar_dir, *PRUNE, "--pre_trained", str(float_ckpt), rank=0, group_size=2,
+                                  convolutions="mindspore" if unavailable_reason() else "onednn")
+    assert abs(logged - alone) < 1e-5 * logged
 
 
 @pytest.mark.slow
