@@ -254,11 +254,13 @@ def test_frozen_weights_are_reordered_once_and_thawed_by_loading_anew_or_trainin
     images = Tensor(rng.standard_normal((2, 3, 32, 32)).astype(np.float32))
     net.set_train(False)
     unfrozen = net(images).asnumpy()
+    weight_bytes = sum(4 * cell.weight.size for _, cell in net.cells_and_names() if isinstance(cell, OneDnnConv2d))
     with weights_frozen(net):
         assert library.frozen_version() > 0
         np.testing.assert_array_equal(net(images).asnumpy(), unfrozen)
         np.testing.assert_array_equal(net(images).asnumpy(), unfrozen)  # the kept reorders
-    assert library.frozen_version() == 0
+        assert 0 < library.kept_reorder_bytes() <= weight_bytes + 4096 * len(net.trainable_params())
+    assert library.frozen_version() == 0 and library.kept_reorder_bytes() == 0  # thawing frees them
     conv = net.layer1[0].conv2
     conv.weight.set_data(Tensor(conv.weight.asnumpy() * 0.5))
     reloaded = net(images).asnumpy()

@@ -59,7 +59,7 @@ def load_library() -> ctypes.CDLL:
     library.ProbeConvolution.restype = library.PeakGmacs.restype = ctypes.c_double
     library.ProbeConvolution.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_int, ctypes.c_int]
     library.PeakGmacs.argtypes = [ctypes.c_int]
-    library.ScratchpadBytes.restype = ctypes.c_int64
+    library.ScratchpadBytes.restype = library.KeptReorderBytes.restype = ctypes.c_int64
     library.FreezeWeights.restype = library.FrozenVersion.restype = ctypes.c_uint64
     library.OwnLoopSeconds.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     return library
@@ -183,6 +183,11 @@ def set_plan_limit(limit: int) -> int:
 def scratchpad_bytes() -> int:
     """The size of the scratchpad every kernel shares."""
     return load_library().ScratchpadBytes()
+
+
+def kept_reorder_bytes() -> int:
+    """Bytes of the weight reorders evaluations keep (freeze_weights); freezing and thawing drop them."""
+    return load_library().KeptReorderBytes()
 
 
 def probe_convolution_ms(batch: int, channels: int, size: int, out_channels: int, kernel: int, stride: int, *,
