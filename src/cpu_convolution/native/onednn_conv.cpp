@@ -1466,6 +1466,27 @@ const char *kernel_slots(const std::string &kernel) {
     return kernel == "Fork" ? FORK_SLOTS(NAME_OF) : "";
 }
 
+// Each operand of every cached plan, and of the plans they run first and last.
+template <typename Visit>
+void each_operand(Plan &plan, Visit &visit) {
+    for (auto &o : plan.operands) visit(o);
+    if (plan.prelude) each_operand(*plan.prelude, visit);
+    if (plan.postlude) each_operand(*plan.postlude, visit);
+}
+
+template <typename Visit>
+void each_operand(State &s, Visit visit) {
+    for (auto &entry : s.plans) each_operand(*entry.second.plan, visit);
+}
+
+// The kept reorders dropped (FreezeWeights, ThawWeights): none made under an earlier version can serve
+// again, and each holds a copy of a weights tensor at an address MindSpore may have freed since: a
+// network that loads new weights before each evaluation (the EMA's) grew by a copy per address
+// (ResNet18, 12 loads and evaluations: 849 MB resident, 699 MB with the drop).
+void drop_kept_reorders(State &s) {
+    each_operand(s, [](Operand &o) { o.kept.clear(); });
+}
+
 }  // namespace
 
 #define EXPORT __attribute__((visibility("default")))
@@ -1530,20 +1551,6 @@ EXPORT int MomentumStep(int nparam, void **params, int *ndims, int64_t **shapes,
 
 // Threads per kernel (0: OpenMP's default, as when the library loaded).
 EXPORT void SetThreads(int threads) { g_threads = std::max(threads, 0); }
-
-// The kept reorders dropped (FreezeWeights, ThawWeights): none made under an earlier version can serve
-// again, and each holds a copy of a weights tensor at an address MindSpore may have freed since: a
-// network that loads new weights before each evaluation (the EMA's) grew by a copy per address
-// (ResNet18, 12 loads and evaluations: 849 MB resident, 699 MB with the drop).
-void drop_plan_reorders(Plan &plan) {
-    for (auto &o : plan.operands) o.kept.clear();
-    if (plan.prelude) drop_plan_reorders(*plan.prelude);
-    if (plan.postlude) drop_plan_reorders(*plan.postlude);
-}
-
-void drop_kept_reorders(State &s) {
-    for (auto &entry : s.plans) drop_plan_reorders(*entry.second.plan);
-}
 
 // Freezes the weights of inference forwards until ThawWeights or the next training forward: each
 // weights tensor is reordered on its first call and the reorder reused after. Returns the version (a
@@ -1637,19 +1644,13 @@ EXPORT int SetPlanLimit(int limit) {
 EXPORT int64_t ScratchpadBytes() { return static_cast<int64_t>(state().scratchpad_bytes); }
 
 // Bytes held by the inference forwards' kept weight reorders (see drop_kept_reorders).
-int64_t plan_kept_bytes(const Plan &plan) {
-    int64_t bytes = 0;
-    for (const auto &o : plan.operands)
-        for (const auto &kept : o.kept) bytes += static_cast<int64_t>(kept.second.first.get_desc().get_size());
-    if (plan.prelude) bytes += plan_kept_bytes(*plan.prelude);
-    if (plan.postlude) bytes += plan_kept_bytes(*plan.postlude);
-    return bytes;
-}
 EXPORT int64_t KeptReorderBytes() {
     auto &s = state();
     std::lock_guard<std::mutex> guard(s.lock);
     int64_t bytes = 0;
-    for (const auto &entry : s.plans) bytes += plan_kept_bytes(*entry.second.plan);
+    each_operand(s, [&bytes](Operand &o) {
+        for (const auto &kept : o.kept) bytes += static_cast<int64_t>(kept.second.first.get_desc().get_size());
+    });
     return bytes;
 }
 
