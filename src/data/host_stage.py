@@ -38,6 +38,14 @@ def host_normalize(images: np.ndarray, normalization: Normalization) -> np.ndarr
     return np.ascontiguousarray(((images.astype(np.float32) - shift) * scale).transpose(0, 3, 1, 2))
 
 
+def padded_to(batch: np.ndarray, size: int) -> np.ndarray:
+    """`batch` with zero samples appended up to `size` samples: how a graph or a file of a fixed
+    batch size takes a short last batch (the caller cuts the outputs back to `len(batch)`)."""
+    if len(batch) >= size:
+        return batch
+    return np.concatenate([batch, np.zeros((size - len(batch),) + batch.shape[1:], batch.dtype)])
+
+
 def host_mix(images: np.ndarray, targets: np.ndarray, mix: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Blend a normalized NCHW batch and its float32 targets with the batch rolled by one, as `mix` says."""
     image_self, image_partner, target_self, target_partner = (np.float32(value) for value in mix[:4])

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from src.data.host_stage import Normalization, host_normalize
+from src.data.host_stage import Normalization, host_normalize, padded_to
 from src.errors import UserInputError, require_module
 
 EXTENSIONS = {".mindir": "MINDIR", ".onnx": "ONNX", ".air": "AIR"}
@@ -135,10 +135,7 @@ class ExportedModel:
         outputs = []
         for start in range(0, len(images), step):
             chunk = images[start:start + step]
-            count = len(chunk)
-            if self.fixed_batch and count < step:
-                chunk = np.concatenate([chunk, np.zeros((step - count,) + chunk.shape[1:], chunk.dtype)])
-            outputs.append(self.run(chunk)[:count])
+            outputs.append(self.run(padded_to(chunk, step) if self.fixed_batch else chunk)[:len(chunk)])
         return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
 
     def predict_pixels(self, pixels: np.ndarray, normalization: Normalization, batch_size: int = 32) -> np.ndarray:

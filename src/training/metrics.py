@@ -2,10 +2,11 @@
 from typing import Callable, Dict
 
 import numpy as np
-from mindspore import nn
-from mindspore.train import Metric, Model
+from mindspore import Tensor, nn
+from mindspore.train import Metric
 
 from src.cpu_convolution import weights_frozen
+from src.data.host_stage import padded_to
 from src.data.input_stage import WithInputStage
 from src.training.distributed import all_reduce_sum
 
@@ -57,25 +58,18 @@ def summarize(totals: np.ndarray) -> Dict[str, float]:
 def evaluate_sums(net: nn.Cell, dataset, metrics: Dict[str, Metric], *, group_size: int = 1) -> Dict[str, np.ndarray]:
     """Run `metrics` (each one's eval() a vector of sums) over this rank's shard of `dataset` in
     one pass; with several ranks, the vectors are summed over all shards (one allreduce), so every
-    rank returns the sums of the whole split."""
+    rank returns the sums of the whole split. A short last batch runs padded to the first batch's
+    size and cut back: one compiled graph per evaluation, not a second for the remainder's shape."""
     net.set_train(False)
-    normalization = getattr(dataset, "normalization", None)  # create_dataset's uint8 batches
-    cell = eval_cell(net, normalization)
-    model = Model(cell, eval_network=cell, metrics=metrics)
+    cell = eval_cell(net, getattr(dataset, "normalization", None))  # create_dataset's uint8 batches
+    first = {}
+
+    def run(images: np.ndarray) -> np.ndarray:
+        size = first.setdefault("batch_size", len(images))
+        return cell(Tensor(padded_to(images, size))).asnumpy()[:len(images)]
+
     with weights_frozen(net):  # an evaluation never changes them: our layers reorder them once, not per batch
-        sums = model.eval(dataset, dataset_sink_mode=False)
-    return sum_over_ranks(sums, group_size)
-
-
-class _LogitsAndLabels(nn.Cell):
-    """The evaluation network: the logits (the metrics compute their own loss) and the labels."""
-
-    def __init__(self, net: nn.Cell):
-        super().__init__(auto_prefix=False)
-        self.net = net
-
-    def construct(self, images, labels):
-        return self.net(images), labels
+        return predictor_sums(run, dataset, metrics, group_size=group_size)
 
 
 EVAL_CELLS = "_evaluation_cells"  # where a network keeps its evaluation cells
@@ -84,15 +78,14 @@ EVAL_CELLS = "_evaluation_cells"  # where a network keeps its evaluation cells
 def eval_cell(net: nn.Cell, normalization) -> nn.Cell:
     """`net` (after the input stage for uint8 batches) as evaluation runs it, built once per
     network and normalization: MindSpore compiles a graph per cell object, so a new cell for every
-    evaluation compiled its graphs (both batch shapes) again each epoch. The cells live on the
-    network (set past Cell's attribute hook, so they are no sub-cells of it) and go with it."""
+    evaluation compiled its graph again each epoch. The cells live on the network (set past Cell's
+    attribute hook, so they are no sub-cells of it) and go with it."""
     cells = net.__dict__.get(EVAL_CELLS)
     if cells is None:
         cells = {}
         object.__setattr__(net, EVAL_CELLS, cells)
     if normalization not in cells:
-        cells[normalization] = _LogitsAndLabels(WithInputStage(net, normalization) if normalization is not None
-                                                else net)
+        cells[normalization] = WithInputStage(net, normalization) if normalization is not None else net
     return cells[normalization]
 
 
