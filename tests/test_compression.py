@@ -131,16 +131,21 @@ def test_quantization_aware_training_has_one_allreduce_per_gradient(compression)
 
 
 @pytest.mark.slow
-def test_stopped_and_resumed_qat_run_equals_the_uninterrupted_one(qat_run, cifar_dir, float_ckpt, tmp_path):
-    args = train_args(TRAIN, cifar_dir, tmp_path, *QAT, "--pre_trained", str(float_ckpt))
-    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_killed_qat_run_relaunched_with_the_same_command_ends_with_the_uninterrupted_weights(qat_run, cifar_dir,
+                                                                                               float_ckpt, tmp_path):
+    """A requeued job's way: one command for both launches (--resume True from the first, which
+    finds nothing to resume and starts from --pre_trained), SIGKILLed after step 4 with the step-3
+    checkpoint written; the relaunch resumes there, quantizer ranges included."""
+    command = train_args(TRAIN, cifar_dir, tmp_path, *QAT, "--pre_trained", str(float_ckpt),
+                         "--save_checkpoint_steps", "3", "--resume", "True")
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_step(tmp_path / RUN, 4, process)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGKILL)
     process.communicate(timeout=120)
-    assert process.returncode == 128 + signal.SIGTERM
-    resumed = run(args + ["--resume", "True"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
+    assert (tmp_path / RUN / f"{NET}-1_3.ckpt").exists() and not (tmp_path / RUN / f"{NET}-1_12.ckpt").exists()
+    relaunched = run(command)
+    assert relaunched.returncode == 0, relaunched.stderr[-3000:]
+    assert f"resumed from {tmp_path / RUN / NET}-1_3.ckpt at global step 3" in relaunched.stdout  # not from the start
     expected, got = weights(qat_run[0] / f"{NET}-1_12.ckpt"), weights(tmp_path / RUN / f"{NET}-1_12.ckpt")
     assert expected.keys() == got.keys() and quantizer_names(got)
     assert max(float(np.abs(expected[name] - got[name]).max()) for name in expected) < 1e-5
