@@ -214,8 +214,8 @@ def test_two_rank_report_equals_the_one_process_report(sample_run, cifar_dir, tm
     assert len(one) == len(two) == 102
     names = [i for i, column in enumerate(one[0]) if not column.startswith("probability")]
     assert [[row[i] for i in names] for row in two] == [[row[i] for i in names] for row in one]
-    # A sample's logits differ in the last bits with the batch it is computed in (the ranks' last
-    # batches are shorter), so the probabilities agree to float precision, not to the bit.
+    # A sample's logits differ in the last bits with the batch it is computed in (each rank batches
+    # its own shard), so the probabilities agree to float precision, not to the bit.
     probability = [i for i in range(len(one[0])) if i not in names]
     np.testing.assert_allclose([[float(row[i]) for i in probability] for row in two[1:]],
                                [[float(row[i]) for i in probability] for row in one[1:]], rtol=1e-3, atol=1e-6)
