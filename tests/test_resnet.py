@@ -260,3 +260,14 @@ def test_stem_pool_sends_gradients_where_pytorchs_does():
     (torch.nn.MaxPool2d(3, 2, 1)(inputs) * torch.from_numpy(grad_out)).sum().backward()
     assert np.abs(inputs.grad.numpy() - ms_grad).max() < 1e-6
     assert (x == 0).mean() > 0.4  # the case: many zeros
+
+
+def test_a_network_built_for_loading_has_the_same_parameters_without_the_draw():
+    """initialize=False (checkpoints and converted weights fill every parameter next) builds the
+    same parameters, but skips conv_init's draw: conv1 (64 x 3 x 7 x 7) keeps nn.Conv2d's default
+    instead of kaiming normal with fan_out, std sqrt(2 / (64 * 49)) = 0.0255."""
+    drawn = create_model("resnet10", num_classes=10)
+    bare = create_model("resnet10", num_classes=10, initialize=False)
+    assert {p.name: p.shape for p in bare.get_parameters()} == {p.name: p.shape for p in drawn.get_parameters()}
+    assert float(drawn.conv1.weight.asnumpy().std()) == pytest.approx(0.0255, rel=0.1)
+    assert float(bare.conv1.weight.asnumpy().std()) != pytest.approx(0.0255, rel=0.1)

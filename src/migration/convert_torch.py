@@ -307,7 +307,7 @@ def head_classes(source: Source, num_classes: Optional[int]) -> int:
 
 def build_checked_network(source: Source, arch: str, num_classes: int):
     """create_model(arch, num_classes) after checking every name and shape of the source against it."""
-    net = create_model(arch, num_classes=num_classes)
+    net = create_model(arch, num_classes=num_classes, initialize=False)  # the source fills every parameter
     shapes = {p.name: tuple(p.shape) for p in net.get_parameters()}
     described = {
         "missing": [source.input_name(n) for n in shapes if n not in source.params],

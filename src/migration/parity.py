@@ -176,7 +176,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              f"pass --arch {found_arch}")
 
     model = build_torch_model(spec, factory, state, num_classes)
-    net = create_model(args.arch, num_classes=num_classes)
+    net = create_model(args.arch, num_classes=num_classes, initialize=False)  # every parameter loaded next
     load_into_network(net, args.ckpt, what=f"{args.arch} with {num_classes} classes (from the .pth)")
     net.set_train(False)
 

@@ -89,7 +89,7 @@ def compare_layers(cfg: Config, args: argparse.Namespace, model, state, batch: B
     ms.set_context(mode=ms.PYNATIVE_MODE)
     layer_model = copy.deepcopy(model)
     layer_model.load_state_dict(state)
-    net = create_model(cfg.net_name, num_classes=cfg.class_num)
+    net = create_model(cfg.net_name, num_classes=cfg.class_num, initialize=False)  # PyTorch's state next
     if args.convolutions != "mindspore":  # the run's convolutions, the image's gradient too (it is compared)
         use_onednn_convolutions(net, image_gradient=True)
     load_torch_state(net, layer_model.state_dict())

@@ -317,7 +317,7 @@ def network_from_checkpoint(net_name: str, class_num: int, path: str, *, use_ema
     weights with `use_ema`): quantization-aware with `compression` qat or lsq, narrowed to the
     checkpoint's own inner widths with `compression` prune. A checkpoint of another network, or of
     another compression, is one error line."""
-    net = create_model(net_name, num_classes=class_num)
+    net = create_model(net_name, num_classes=class_num, initialize=False)  # the checkpoint sets every parameter
     loaded = network_weights(path, use_ema)
     widths = check_weights_compression(net, loaded[0], loaded[1], path, compression)
     compressed(net, compression=compression, convolutions=convolutions, widths=widths if compression == PRUNE else None)
