@@ -72,7 +72,7 @@ def test_schedules_train_py_feeds_thor():
 
 def resnet50_layers():
     """Per trainable parameter of the zoo's ResNet50 (1001 classes): is it a THOR layer's weight."""
-    net = create_model("resnet50", num_classes=1001)
+    net = create_model("resnet50", num_classes=1001, initialize=False)  # names and shapes only
     kinds = parameter_kinds(net)
     params = net.trainable_params()
     return [kinds.get(p.name) == "weight" for p in params], [int(np.prod(p.shape)) for p in params]
