@@ -94,8 +94,11 @@ def _breakdown_rows(r: Dict) -> List[str]:
     MindSpore's operators one by one."""
     lines = []
     for name, parts in r.get("breakdown_ms", {}).items():
-        lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(f"{part} {value:.0f} ms"
-                                                                         for part, value in parts.items()))
+        parts = dict(parts)
+        profiled = parts.pop("profiled_step_ms", None)
+        lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(
+            f"{part} {value:.0f} ms" for part, value in parts.items())
+            + (f" (profiled by oneDNN's verbose lines: {profiled:.0f} ms)" if profiled else ""))
         own = r.get("own_loops_ms", {}).get(name)
         if own:
             lines.append("    the rest, our layers outside oneDNN's primitives (their timers): " + ", ".join(
