@@ -196,3 +196,63 @@ def test_a_blocked_network_trains_as_mindspores_at_two_batch_sizes_a_thread_chan
     # float32 rounding of two orders of summation: ~1e-5, up to ~1e-4 on a small gradient; a layer
     # reading another layout than it was given is off by its whole size
     assert max(gaps.values()) < 1e-3, gaps
+
+
+MOMENTUM_STEP = """
+import json, sys
+sys.path.insert(0, {repo!r})
+sys.path.insert(0, {tests!r})
+from test_cpu_layers_native import momentum_step_outcome
+from src.cpu_convolution import library
+library.cap_isa(sys.argv[1])
+print(json.dumps(momentum_step_outcome()))
+"""
+
+
+def momentum_step_outcome() -> dict:
+    """The optimizer op (momentum_step_op) on three parameters, one large enough for threads and two
+    with odd tails, against numpy's float32 operations in MindSpore's order: the weight and moment
+    elements whose bits differ after a step; then a step with one infinite gradient, which must move
+    nothing; and the ISA cap in force (AVX2: the loops compiled for any x86_64, else AVX-512's)."""
+    from src.cpu_convolution import momentum_step_op
+    rng = np.random.default_rng(4)
+    sizes, decays = (70001, 1000, 17), np.array([1e-4, 0.0, 5e-5], np.float32)
+    factor, lr, momentum = np.float32(0.37), np.float32(0.1), np.float32(0.9)
+    grads = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    weights = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    moments = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    weight_params = [ms.Parameter(Tensor(w.copy()), name=f"w{i}") for i, w in enumerate(weights)]
+    moment_params = [ms.Parameter(Tensor(m.copy()), name=f"m{i}") for i, m in enumerate(moments)]
+    step = momentum_step_op(len(sizes))
+
+    def take(gradients):
+        return float(step(Tensor([factor]), Tensor([lr]), Tensor([momentum]), Tensor(decays),
+                          *map(Tensor, gradients), *weight_params, *moment_params).asnumpy()[0])
+
+    applied = take(grads)
+    differing = 0
+    for g, w, m, decay, w_param, m_param in zip(grads, weights, moments, decays, weight_params, moment_params):
+        scaled = g * factor
+        moved = m * momentum + (w * decay + scaled if decay != 0 else scaled)
+        differing += int((w_param.asnumpy().view(np.uint32) != (w - lr * moved).view(np.uint32)).sum())
+        differing += int((m_param.asnumpy().view(np.uint32) != moved.view(np.uint32)).sum())
+    before = [p.asnumpy().copy() for p in weight_params + moment_params]
+    grads[2][5] = np.inf
+    skipped = take(grads)
+    moved_anyway = sum(int((p.asnumpy() != b).sum()) for p, b in zip(weight_params + moment_params, before))
+    return {"applied": applied, "differing": differing, "skipped": skipped, "moved_anyway": moved_anyway,
+            "isa": library.isa_cap()}
+
+
+@pytest.mark.parametrize("isa", ["all", "avx2"])
+def test_the_optimizer_op_computes_numpys_float32_bits_with_and_without_avx512(isa):
+    """The op's loops are compiled for AVX-512 and for any x86_64 and chosen by the CPU and the cap:
+    both take the same bits as numpy's float32 operations (no fused multiply-add), and neither moves
+    anything when a gradient is not finite."""
+    if isa == "all":
+        outcome = momentum_step_outcome()
+    else:
+        result = run([PYTHON, "-c", MOMENTUM_STEP.format(repo=str(REPO), tests=str(REPO / "tests")), isa])
+        assert result.returncode == 0, result.stderr[-3000:]
+        outcome = last_json(result.stdout)
+    assert outcome == {"applied": 1.0, "differing": 0, "skipped": 0.0, "moved_anyway": 0, "isa": isa}
