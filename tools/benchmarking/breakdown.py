@@ -5,10 +5,9 @@ import contextlib
 import ctypes
 import json
 import os
-import statistics
 import tempfile
 import time
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 BREAKDOWN_MARK = "BREAKDOWN "
 BREAKDOWN_KINDS = {"convolution": "convolutions", "batch_normalization": "normalization", "pooling": "pooling",
@@ -22,8 +21,10 @@ ONEDNN_OPERATORS = ("Custom:OneDnn", "Custom:BlockedToPlain", "Conv2D", "BatchNo
 NAMED_OPERATORS = 8
 # Steps a fresh process trains before a breakdown: the first compiles, the next settle.
 WARM_UP_STEPS = 3
-# Steps the oneDNN breakdown times, unprofiled and then as many profiled.
-BREAKDOWN_STEPS = 3
+# Steps the oneDNN breakdown runs profiled, and as many unprofiled, in turn.
+BREAKDOWN_STEPS = 4
+# The line that ends a profiled stretch in the captured output.
+STRETCH_END = "breakdown: end of a profiled stretch"
 
 
 def serve_breakdown(runner, kind: str) -> int:
@@ -110,20 +111,29 @@ def _already_loaded(path: str) -> Optional[ctypes.CDLL]:
 
 
 @contextlib.contextmanager
-def _onednn_verbose() -> Iterator[List[str]]:
-    """oneDNN's execution profile (dnnl_set_verbose(1), ONEDNN_VERBOSE=profile_exec's lines) of what
-    runs inside: its lines, which oneDNN prints to this process's stdout, go to a file instead
-    (stdout is the orchestrator's pipe) and into the list yielded once the block ends."""
+def _onednn_profile() -> Iterator[Tuple[Callable[[bool], None], List[List[str]]]]:
+    """oneDNN's execution profile (dnnl_set_verbose(1), ONEDNN_VERBOSE=profile_exec's lines) of the
+    stretches inside between profile(True) and profile(False): its lines, which oneDNN prints to this
+    process's stdout, go to a file instead (stdout is the orchestrator's pipe) and into the list
+    yielded, one list of lines per stretch, once the block ends."""
     libraries, libc = _onednn_libraries(), ctypes.CDLL(None)
-    lines: List[str] = []
+    stretches: List[List[str]] = []
+
+    def profile(on: bool) -> None:
+        for library in libraries:
+            library.dnnl_set_verbose(1 if on else 0)
+        if not on:  # oneDNN writes through stdio's buffer: flushed before the mark
+            libc.fflush(None)
+            os.write(1, (STRETCH_END + "\n").encode())
+
     with tempfile.TemporaryFile(mode="w+") as captured:
         libc.fflush(None)
         saved = os.dup(1)
         os.dup2(captured.fileno(), 1)
+        for library in libraries:  # unprofiled until asked, whatever ONEDNN_VERBOSE says
+            library.dnnl_set_verbose(0)
         try:
-            for library in libraries:
-                library.dnnl_set_verbose(1)
-            yield lines
+            yield profile, stretches
         finally:
             for library in libraries:
                 library.dnnl_set_verbose(0)
@@ -131,25 +141,17 @@ def _onednn_verbose() -> Iterator[List[str]]:
             os.dup2(saved, 1)
             os.close(saved)
         captured.seek(0)
-        lines.extend(captured.read().splitlines())
+        stretch: List[str] = []
+        for line in captured.read().splitlines():
+            if line == STRETCH_END:
+                stretches.append(stretch)
+                stretch = []
+            else:
+                stretch.append(line)
 
 
-def onednn_breakdown(runner, steps: int = BREAKDOWN_STEPS) -> Dict[str, float]:
-    """Milliseconds per step by operation kind over `steps` training steps of a warm runner: oneDNN's
-    primitives by kind (MindSpore's copy and ours both), and the rest of the step (MindSpore's own
-    kernels, the optimizer, the framework). The step is the median of as many unprofiled steps timed
-    first: oneDNN's verbose profile formats and writes a line per primitive (ResNet18 at 32 px: 18 of
-    a 107 ms step), which is the profile's cost, not the step's; 'profiled_step_ms' keeps it."""
-    unprofiled = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        runner.train_step()
-        unprofiled.append(time.perf_counter() - start)
-    with _onednn_verbose() as lines:
-        start = time.perf_counter()
-        for _ in range(steps):
-            runner.train_step()
-        profiled = time.perf_counter() - start
+def _milliseconds_by_kind(lines: List[str]) -> Dict[str, float]:
+    """oneDNN's profiled primitives by kind (BREAKDOWN_KINDS, the others as 'other oneDNN'), ms."""
     totals: Dict[str, float] = {}
     for line in lines:
         fields = line.split(",")
@@ -161,8 +163,33 @@ def onednn_breakdown(runner, steps: int = BREAKDOWN_STEPS) -> Dict[str, float]:
         except ValueError:
             continue
         name = BREAKDOWN_KINDS.get(kind, "other oneDNN")
-        totals[name] = totals.get(name, 0.0) + milliseconds / steps
-    step_ms = statistics.median(unprofiled) * 1000
+        totals[name] = totals.get(name, 0.0) + milliseconds
+    return totals
+
+
+def _timed_step(runner) -> float:
+    start = time.perf_counter()
+    runner.train_step()
+    return (time.perf_counter() - start) * 1000
+
+
+def onednn_breakdown(runner, steps: int = BREAKDOWN_STEPS) -> Dict[str, float]:
+    """A warm runner's training step taken apart, in milliseconds: oneDNN's primitives by kind
+    (MindSpore's copy and ours both), and the rest of the step (MindSpore's own kernels, the
+    optimizer, the framework). `steps` profiled and `steps` unprofiled steps run in turn; the step
+    taken apart is the fastest profiled one (this host's neighbours only ever add time, to the
+    primitives and the rest alike), and 'unprofiled_step_ms', the fastest unprofiled one, shows
+    what oneDNN's profile itself costs (a line formatted and written per primitive: within this
+    host's noise at ResNet18 64x32, where the steps of one run differ by 5-10%)."""
+    unprofiled, profiled = [], []
+    with _onednn_profile() as (profile, stretches):
+        for _ in range(steps):
+            unprofiled.append(_timed_step(runner))
+            profile(True)
+            profiled.append(_timed_step(runner))
+            profile(False)
+    step_ms, lines = min(zip(profiled, stretches), key=lambda pair: pair[0])
+    totals = _milliseconds_by_kind(lines)
     totals["the rest"] = step_ms - sum(totals.values())
     return {"step_ms": round(step_ms, 1), **{name: round(value, 1) for name, value in totals.items()},
-            "profiled_step_ms": round(profiled / steps * 1000, 1)}
+            "unprofiled_step_ms": round(min(unprofiled), 1)}

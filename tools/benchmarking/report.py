@@ -95,10 +95,10 @@ def _breakdown_rows(r: Dict) -> List[str]:
     lines = []
     for name, parts in r.get("breakdown_ms", {}).items():
         parts = dict(parts)
-        profiled = parts.pop("profiled_step_ms", None)
+        unprofiled = parts.pop("unprofiled_step_ms", None)
         lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(
             f"{part} {value:.0f} ms" for part, value in parts.items())
-            + (f" (profiled by oneDNN's verbose lines: {profiled:.0f} ms)" if profiled else ""))
+            + (f" (unprofiled: {unprofiled:.0f} ms)" if unprofiled else ""))
         own = r.get("own_loops_ms", {}).get(name)
         if own:
             lines.append("    the rest, our layers outside oneDNN's primitives (their timers): " + ", ".join(
