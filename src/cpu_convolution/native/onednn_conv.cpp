@@ -1319,10 +1319,11 @@ struct MomentumArgs {
 // momentum_step's two passes (see there): every gradient times the factor checked, then, only when
 // all are finite, every parameter moved; true when they moved. They are memory-bound, yet over
 // ResNet18's 11.2M parameters, caches cold as in a training step, AVX-512's 64-byte loads took them
-// from 2.9 + 6.1 to 2.1 + 5.1 ms on 2 threads. So they are compiled twice, for AVX-512 and for any x86_64, with the
-// same float operations in the same order (the build's -ffp-contract=off keeps the AVX-512 copy from
-// fusing a multiply and an add, which would change the bits). A macro, not a template: OpenMP outlines
-// a parallel loop, before any inlining, into a function of its enclosing function's target.
+// from 2.9 + 6.1 to 2.1 + 5.1 ms on 2 threads. So they are compiled twice, for AVX-512 and for any
+// x86_64, with the same float operations in the same order (the build's -ffp-contract=off keeps the
+// AVX-512 copy from fusing a multiply and an add, which would change the bits). A macro, not a
+// template: OpenMP outlines a parallel loop, before any inlining, into a function of its enclosing
+// function's target.
 #define MOMENTUM_PASSES(NAME, TARGET)                                                                     \
     TARGET bool NAME(const MomentumArgs &a) {                                                            \
         const float factor = a.factor, lr = a.lr, momentum = a.momentum;                                  \
