@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Optional, Sequence, Tuple
 
-from src.compression import LSQ, compression_convolutions
+from src.compression import LSQ, PRUNE, SCOP, compression_convolutions
 from src.config import Config, load_config, run_dir, save_config
 from src.data.image_decode import partial_decoder
 from src.dataset import create_eval_dataset, set_start_epoch
@@ -40,6 +40,7 @@ from src.training.distributed import (
 from src.training.factory import (
     check_sink_size,
     check_step_keys,
+    choose_channels_by_scop,
     create_network,
     create_schedule,
     create_train_model,
@@ -98,6 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_fresh_run_folder(folder, cfg.net_name)  # before LSQ's start, which runs the network
     if cfg.compression == LSQ and not resume_from:
         start_lsq_steps(cfg, net, group_size, log)
+    if cfg.compression == PRUNE and cfg.prune_criterion == SCOP and not resume_from:
+        choose_channels_by_scop(cfg, net, rank=rank, group_size=group_size, steps_per_epoch=steps_per_epoch, log=log)
     if cfg.optimizer == THOR:
         log(f"optimizer Thor: MindSpore's nn.thor and ModelThor in dataset sink mode, matrices refreshed every "
             f"{cfg.frequency} steps; this repository's training step (EMA, accumulation, clipping) is not used")

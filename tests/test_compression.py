@@ -440,14 +440,19 @@ def test_bad_qat_inputs_are_one_line_and_write_nothing(qat_run, cifar_dir, float
 
 
 @pytest.mark.slow
-def test_a_missing_golden_stick_is_one_line_naming_the_install(cifar_dir, float_ckpt, tmp_path):
+@pytest.mark.parametrize("compression, needs", [
+    (QAT, "compression qat needs mindspore_gs"),
+    (["--compression", "prune", "--prune_criterion", "scop"], "prune_criterion scop needs mindspore_gs"),
+])
+def test_a_missing_golden_stick_is_one_line_naming_the_install(cifar_dir, float_ckpt, tmp_path, compression, needs):
     shadow = tmp_path / "shadow" / "mindspore_gs"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('No module named tqdm')\n")
     env = dict(os.environ, PYTHONPATH=str(shadow.parent))
-    result = run(train_args(TRAIN, cifar_dir, tmp_path / "out", *QAT, "--pre_trained", str(float_ckpt)), env=env)
+    result = run(train_args(TRAIN, cifar_dir, tmp_path / "out", *compression, "--pre_trained", str(float_ckpt)),
+                 env=env)
     line = one_line_error(result, alone=False)
-    assert "needs mindspore_gs" in line and "pip install mindspore-gs==1.3.0 tqdm" in line, line
+    assert needs in line and "pip install mindspore-gs==1.3.0 tqdm" in line, line
     assert not (tmp_path / "out").exists()
 
 

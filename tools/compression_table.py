@@ -1,11 +1,12 @@
-"""docs/compression.md's table: ResNet18 float, quantization-aware (QAT: SimQAT and LSQ), pruned and
-ONNX int8 side by side on one dataset, each made by the commands a user runs (train.py, eval.py, export.py):
+"""docs/compression.md's table: ResNet18 float, quantization-aware (QAT: SimQAT and LSQ), pruned (by L1
+norm and by SCOP's knockoff scores) and ONNX int8 side by side on one dataset, each made by the
+commands a user runs (train.py, eval.py, export.py):
 
     python tools/compression_table.py --dataset sample     # the demo's sample data (3,000 + 500 images)
     python tools/compression_table.py --dataset digits     # scikit-learn's handwritten digits (1,297 + 500)
 
 The float network trains from scratch (the demo's recipe; 10 epochs at lr 0.02 on the digits, as
-benchmark_learning.py); QAT, LSQ and pruning fine-tune its last checkpoint with the recipes of
+benchmark_learning.py); QAT, LSQ and both prunings fine-tune its last checkpoint with the recipes of
 docs/compression.md; the int8 ONNX file is export.py's post-training quantization of the float
 checkpoint. For each: held-out top-1 (eval.py), the checkpoint's and the exported file's size,
 parameters and GFLOPs, CPU latency at batch 1 and 32 (median of timed calls in a process of its own,
@@ -34,6 +35,8 @@ QAT_RECIPE = ["--compression", "qat", "--epoch_size", "2", "--warmup_epochs", "0
 LSQ_RECIPE = ["--compression", "lsq", *QAT_RECIPE[2:]]  # QAT's schedule, learned step sizes
 PRUNE_RECIPE = ["--compression", "prune", "--prune_ratio", "0.5", "--epoch_size", "3", "--warmup_epochs", "0",
                 "--lr_decay_mode", "cosine", "--lr_init", "0.01", "--lr_max", "0.01", "--lr_end", "0.0001"]
+# the same, its channels chosen by SCOP's scores after one epoch of the knockoff stage
+SCOP_RECIPE = [*PRUNE_RECIPE, "--prune_criterion", "scop", "--knockoff_epochs", "1"]
 
 
 def _run(command: List[str], log_path: str) -> float:
@@ -168,7 +171,9 @@ def table(dataset: str, folder: str) -> Dict[str, Dict]:
             "qat": ("qat", train(data_path, os.path.join(folder, "qat"), QAT_RECIPE + ["--pre_trained", base])),
             "lsq": ("lsq", train(data_path, os.path.join(folder, "lsq"), LSQ_RECIPE + ["--pre_trained", base])),
             "pruned": ("prune", train(data_path, os.path.join(folder, "pruned"),
-                                      PRUNE_RECIPE + ["--pre_trained", base]))}
+                                      PRUNE_RECIPE + ["--pre_trained", base])),
+            "pruned_scop": ("prune", train(data_path, os.path.join(folder, "pruned_scop"),
+                                           SCOP_RECIPE + ["--pre_trained", base]))}
     for name, (compression, run) in runs.items():
         checkpoint = run["checkpoint"]
         exported = export(checkpoint, folder, name, ["--compression", compression, "--file_format", "MINDIR"])

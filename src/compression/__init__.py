@@ -4,7 +4,9 @@ and structured channel pruning.
 `compression: qat` (train.py, eval.py, export.py) wraps every convolution and the fc head in Golden
 Stick's SimQAT quantization cells (src/compression/qat.py); `compression: lsq` in its LSQ cells
 (learned step sizes), the same way. `compression: prune` removes
-`prune_ratio` of the inner channels of every residual block (src/compression/prune.py); a pruned
+`prune_ratio` of the inner channels of every residual block (src/compression/prune.py), those of
+lowest L1 norm or, with `prune_criterion: scop`, of lowest SCOP score after a knockoff stage with
+Golden Stick's cells (src/compression/scop.py); a pruned
 checkpoint is recognized by its shapes: its blocks' inner convolutions are narrower than the
 network's. The checks here are plain functions of names and config values: they import neither
 MindSpore nor Golden Stick, so only a run that asks for compression pays for Golden Stick's import.
@@ -14,6 +16,8 @@ from typing import Iterable, List, Optional, Tuple
 from src.errors import UserInputError
 
 NONE, QAT, PRUNE, LSQ = "none", "qat", "prune", "lsq"
+L1, SCOP = "l1", "scop"
+PRUNE_CRITERIA = (L1, SCOP)  # which channels pruning keeps: largest filter L1 norms, or SCOP's scores
 COMPRESSIONS = (NONE, QAT, PRUNE, LSQ)
 QUANTIZATIONS = (QAT, LSQ)  # the compressions that wrap the cells in Golden Stick's quantization cells
 # What a checkpoint of each compression is, and what marks it.
@@ -40,11 +44,27 @@ def check_prune_ratio(prune_ratio: float) -> None:
                              f"--prune_ratio 0.5 (half of each block's inner channels removed)")
 
 
+def check_prune_criterion(prune_criterion: str, compression: str, *, knockoff_epochs: float = 1.0,
+                          knockoff_lr: float = 0.1) -> None:
+    """The pruning criterion and its knockoff stage's keys (scop), and that it comes with pruning."""
+    if prune_criterion not in PRUNE_CRITERIA:
+        raise UserInputError(f"unknown prune_criterion '{prune_criterion}'; choose one of {', '.join(PRUNE_CRITERIA)}")
+    if prune_criterion == SCOP and compression != PRUNE:
+        raise UserInputError(f"prune_criterion scop chooses the channels compression prune removes; add "
+                             f"--compression prune (this run has compression {compression})")
+    if prune_criterion == SCOP and not (knockoff_epochs > 0 and knockoff_lr > 0):
+        raise UserInputError(f"prune_criterion scop trains a knockoff stage first: knockoff_epochs and knockoff_lr "
+                             f"must be positive, got {knockoff_epochs:g} and {knockoff_lr:g}")
+
+
 def check_compression(compression: str, *, optimizer: str = "Momentum", freeze_backbone: bool = False,
-                      pre_trained: Optional[str] = None, prune_ratio: float = 0.5) -> None:
+                      pre_trained: Optional[str] = None, prune_ratio: float = 0.5, prune_criterion: str = L1,
+                      knockoff_epochs: float = 1.0, knockoff_lr: float = 0.1) -> None:
     """One line for a compression request that cannot work (pre_trained None: not a training run)."""
     if compression not in COMPRESSIONS:
         raise UserInputError(f"unknown compression '{compression}'; choose one of {', '.join(COMPRESSIONS)}")
+    if pre_trained is not None:
+        check_prune_criterion(prune_criterion, compression, knockoff_epochs=knockoff_epochs, knockoff_lr=knockoff_lr)
     if compression == NONE:
         return
     if optimizer == "Thor":

@@ -3,13 +3,14 @@
 Golden Stick 1.3.0's pruners were tried on this repository's resnet18 and resnet50 on CPU
 (docs/compression.md): UniPruner's graph analyzer pruned the stem and the residual streams but left
 layer1's convolutions at 64 input channels, so the pruned network failed at its first block; SCOP's
-knockoff stage needs `ops.Randperm`, which has no CPU kernel, and its fine-tune stage only masks
-channels to zero (the same parameters and FLOPs). So channels are removed here, in the spirit of
-L1-filter pruning: only the INNER channels of each block (the outputs of conv1 in BasicBlock, of
-conv1 and conv2 in Bottleneck, with their BatchNorms and the next convolution's inputs), so every
-residual addition keeps its shape. Filters are ranked by the L1 norm of their weights: it needs no
-BatchNorm statistics and no training stage of its own. Kept counts are multiples of 16 where
-possible (the oneDNN CPU layers block channels by 16).
+cells that cut channels out fail on CPU (`Clone`), and its fine-tune stage only masks channels to
+zero (the same parameters and FLOPs). So channels are removed here: only the INNER channels of each
+block (the outputs of conv1 in BasicBlock, of conv1 and conv2 in Bottleneck, with their BatchNorms
+and the next convolution's inputs), so every residual addition keeps its shape. Which channels stay
+is the criterion's choice: the filters of largest L1 norm (`prune_criterion l1`: no BatchNorm
+statistics, no training stage of its own) or of highest SCOP score (`scop`: Golden Stick's knockoff
+stage, src/compression/scop.py). Kept counts are multiples of 16 where possible (the oneDNN CPU
+layers block channels by 16).
 
 A pruned network is a standard ResNet with narrower blocks, and its checkpoint holds nothing else:
 the kept widths are the shapes of its inner convolutions' weights (`layer1.0.conv1.weight`).
@@ -39,11 +40,15 @@ def kept_channels(channels: int, prune_ratio: float) -> int:
     return min(keep, channels)
 
 
-def _l1_order(conv: nn.Conv2d, keep: int) -> np.ndarray:
-    """The `keep` output filters of `conv` with the largest L1 norms, in their original order."""
+def _highest(scores: np.ndarray, keep: int) -> np.ndarray:
+    """The indices of the `keep` highest `scores` (the first of equal ones), in their original order."""
+    return np.sort(np.argsort(-scores, kind="stable")[:keep])
+
+
+def _l1_norms(conv: nn.Conv2d) -> np.ndarray:
+    """The L1 norm of each output filter of `conv`."""
     weight = conv.weight.asnumpy()
-    norms = np.abs(weight).reshape(weight.shape[0], -1).sum(axis=1)
-    return np.sort(np.argsort(-norms, kind="stable")[:keep])
+    return np.abs(weight).reshape(weight.shape[0], -1).sum(axis=1)
 
 
 def _set(param: Parameter, values: np.ndarray) -> None:
@@ -77,28 +82,29 @@ def _blocks(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
     return [(name, cell) for name, cell in net.cells_and_names() if isinstance(cell, (BasicBlock, Bottleneck))]
 
 
-def _remove_channels(net: nn.Cell, keep: Callable[[nn.Conv2d], np.ndarray]) -> List[int]:
-    """Narrow the inner channels of every block of `net` in place to the output filters `keep(conv)`
-    chooses for each inner convolution; returns the inner widths, block by block."""
+def _remove_channels(net: nn.Cell, keep: Callable[[str, nn.Conv2d], np.ndarray]) -> List[int]:
+    """Narrow the inner channels of every block of `net` in place to the output filters
+    `keep(name, conv)` chooses for each inner convolution (`name`: its cell's, `layer1.0.conv1`);
+    returns the inner widths, block by block."""
     widths: List[int] = []
-    blocks = [block for _, block in _blocks(net)]
+    blocks = _blocks(net)
     if not blocks:
         raise UserInputError("compression prune needs a torchvision-family ResNet (BasicBlock or Bottleneck blocks)")
-    for block in blocks:
+    for name, block in blocks:
         if not isinstance(block.conv1, nn.Conv2d) or type(block.conv1) is not nn.Conv2d:
             raise UserInputError("compression prune works on nn.Conv2d layers: prune before choosing oneDNN layers")
         if isinstance(block, BasicBlock):
-            idx = keep(block.conv1)
+            idx = keep(f"{name}.conv1", block.conv1)
             block.conv1, block.bn1 = _pruned_pair(block.conv1, block.bn1, idx, _stride(block.conv1), 1)
             block.conv2 = _narrowed_input(block.conv2, idx, _stride(block.conv2))
             widths.append(len(idx))
         else:
             if block.conv2.group != 1:
                 raise UserInputError("compression prune does not prune grouped convolutions (ResNeXt)")
-            idx1 = keep(block.conv1)
+            idx1 = keep(f"{name}.conv1", block.conv1)
             block.conv1, block.bn1 = _pruned_pair(block.conv1, block.bn1, idx1, _stride(block.conv1), 1)
             conv2 = _narrowed_input(block.conv2, idx1, _stride(block.conv2))
-            idx2 = keep(conv2)
+            idx2 = keep(f"{name}.conv2", conv2)
             block.conv2, block.bn2 = _pruned_pair(conv2, block.bn2, idx2, _stride(conv2), 1)
             block.conv3 = _narrowed_input(block.conv3, idx2, _stride(block.conv3))
             widths += [len(idx1), len(idx2)]
@@ -107,10 +113,18 @@ def _remove_channels(net: nn.Cell, keep: Callable[[nn.Conv2d], np.ndarray]) -> L
     return widths
 
 
-def prune_blocks(net: nn.Cell, prune_ratio: float) -> List[int]:
+def prune_blocks(net: nn.Cell, prune_ratio: float, scores: Optional[Mapping[str, np.ndarray]] = None) -> List[int]:
     """Remove `prune_ratio` of the inner channels of every BasicBlock/Bottleneck of `net`, in place,
-    and return the inner widths kept, block by block (two per Bottleneck: conv1's, then conv2's)."""
-    return _remove_channels(net, lambda conv: _l1_order(conv, kept_channels(conv.out_channels, prune_ratio)))
+    and return the inner widths kept, block by block (two per Bottleneck: conv1's, then conv2's).
+    The channels kept are those of the highest `scores` (by convolution cell name, one per output
+    channel: SCOP's, src/compression/scop.py), or of the largest filter L1 norms without them."""
+    def keep(name: str, conv: nn.Conv2d) -> np.ndarray:
+        score = _l1_norms(conv) if scores is None else np.asarray(scores[name])
+        if score.shape != (conv.out_channels,):
+            raise ValueError(f"{score.shape} scores for the {conv.out_channels} output channels of {name}")
+        return _highest(score, kept_channels(conv.out_channels, prune_ratio))
+
+    return _remove_channels(net, keep)
 
 
 def narrow_blocks(net: nn.Cell, widths: Sequence[int]) -> nn.Cell:
@@ -121,7 +135,7 @@ def narrow_blocks(net: nn.Cell, widths: Sequence[int]) -> nn.Cell:
     if len(widths) != inner:
         raise ValueError(f"{len(widths)} widths given for the {inner} inner convolutions of the network")
     remaining = iter(widths)
-    _remove_channels(net, lambda conv: np.arange(next(remaining)))
+    _remove_channels(net, lambda name, conv: np.arange(next(remaining)))
     return net
 
 

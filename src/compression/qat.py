@@ -47,16 +47,17 @@ ALGORITHMS = {QAT: ("mindspore_gs.quantization.simulated_quantization", "Simulat
 LSQ_PER_CHANNEL = "LearnedStepSizeFakeQuantizePerChannel"
 
 
-def golden_stick(compression: str = QAT):
-    """mindspore_gs, imported on first use (2-12 s), or a one-line error saying how to install it."""
+def golden_stick(needed_for: str = f"compression {QAT}"):
+    """mindspore_gs, imported on first use (2-12 s), or a one-line error saying how to install it
+    and what needs it."""
     if "mindspore_gs" not in sys.modules:
         _skip_version_countdown()
-    return require_module("mindspore_gs", needed_for=f"compression {compression}", install_hint=INSTALL_HINT)
+    return require_module("mindspore_gs", needed_for=needed_for, install_hint=INSTALL_HINT)
 
 
 def _algorithm(compression: str):
     """Golden Stick's algorithm of `compression` (qat or lsq), in its default config."""
-    golden_stick(compression)
+    golden_stick(f"compression {compression}")
     package, name = ALGORITHMS[compression]
     return getattr(importlib.import_module(package), name)()
 

@@ -1,17 +1,20 @@
 """The training run's parts built from its config: seeding, network, schedule, train step, Model."""
+import math
 import random
+import time
 from typing import List, Optional
 
 import mindspore as ms
 import mindspore.dataset as mds
 import numpy as np
-from mindspore import nn
+from mindspore import Tensor, nn
 from mindspore.train import Model
 
-from src.compression import LSQ, PRUNE, QAT, QUANTIZATIONS, check_compression
+from src.compression import L1, LSQ, PRUNE, QAT, QUANTIZATIONS, SCOP, check_compression
 from src.compression.lsq import start_activation_steps
 from src.compression.prune import full_widths, prune_blocks, pruned_widths
 from src.compression.qat import cpu_fake_quantizers
+from src.compression.scop import knockoff_scores
 from src.config import Config
 from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
 from src.dataset import create_train_input_stage
@@ -62,18 +65,9 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
     if cfg.freeze_backbone and not cfg.pre_trained:
         raise UserInputError("freeze_backbone True trains only the head on top of pre-trained features; pass "
                              "--pre_trained CKPT (with --filter_weight True for another class_num)")
-    net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
-                       dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual,
-                       freeze_bn=cfg.freeze_bn, freeze_backbone=cfg.freeze_backbone)
-    if cfg.pre_trained:
-        skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
-                                  filter_weight=cfg.filter_weight,
-                                  what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log,
-                                  compression=cfg.compression)
-        log(f"loaded pre-trained weights from {cfg.pre_trained}"
-            + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""))
+    net = float_network(cfg, log)
     if cfg.compression == PRUNE:
-        prune(net, cfg.prune_ratio, image_size=cfg.train_image_size, log=log)
+        prune(net, cfg.prune_ratio, image_size=cfg.train_image_size, log=log, criterion=cfg.prune_criterion)
     compressed(net, compression=cfg.compression, convolutions=convolutions)
     on_cpu = f"; on CPU {cpu_fake_quantizers()}" if cfg.device_target == "CPU" and cfg.compression in (QAT, LSQ) else ""
     if cfg.compression == QAT:
@@ -90,9 +84,29 @@ def create_network(cfg: Config, log=print, convolutions: str = "mindspore") -> n
     return net
 
 
-def prune(net: nn.Cell, prune_ratio: float, *, image_size: int, log=print) -> List[int]:
-    """Prune `net` in place (src/compression/prune.py) and log one line of what it removed; a ratio
-    that removes no channel at all (kept counts round to multiples of 16) is one error line."""
+def float_network(cfg: Config, log=print) -> nn.Cell:
+    """The config's network with its pre-trained float weights loaded, if any (MindSpore's cells)."""
+    net = create_model(cfg.net_name, num_classes=cfg.class_num, conv_init=cfg.conv_init,
+                       dense_init=cfg.dense_init, zero_init_residual=cfg.zero_init_residual,
+                       freeze_bn=cfg.freeze_bn, freeze_backbone=cfg.freeze_backbone)
+    if cfg.pre_trained:
+        skipped = load_pretrained(net, cfg.pre_trained, head=["fc.weight", "fc.bias"],
+                                  filter_weight=cfg.filter_weight,
+                                  what=f"{cfg.net_name} with class_num {cfg.class_num}", log=log,
+                                  compression=cfg.compression)
+        log(f"loaded pre-trained weights from {cfg.pre_trained}"
+            + (f"; skipped the head: {', '.join(skipped)}" if skipped else ""))
+    return net
+
+
+PRUNE_CRITERIA_WORDS = {L1: "the filters of largest L1 norm kept",
+                        SCOP: "the channels of highest SCOP score kept, as a fresh run's knockoff stage scores them"}
+
+
+def prune(net: nn.Cell, prune_ratio: float, *, image_size: int, log=print, criterion: str = L1) -> List[int]:
+    """Prune `net` in place (src/compression/prune.py; by filter L1 norm: a scop run chooses its
+    channels later, `choose_channels_by_scop`) and log one line of what it removed; a ratio that
+    removes no channel at all (kept counts round to multiples of 16) is one error line."""
     full = list(full_widths(net).values())
     before = model_summary(net, image_size=image_size)
     widths = prune_blocks(net, prune_ratio)
@@ -100,10 +114,34 @@ def prune(net: nn.Cell, prune_ratio: float, *, image_size: int, log=print) -> Li
         raise UserInputError(f"prune_ratio {prune_ratio} removes no channel (the kept counts round to multiples of "
                              f"16, here the full widths); raise --prune_ratio")
     after = model_summary(net, image_size=image_size)
-    log(f"compression prune: removed {prune_ratio:g} of each residual block's inner channels (L1 norm of the "
-        f"filters, kept in multiples of 16): parameters {before['parameters']:,} -> {after['parameters']:,}, GFLOPs "
-        f"{format_gflops(before['gflops'])} -> {format_gflops(after['gflops'])} per image at {image_size} px")
+    log(f"compression prune: removed {prune_ratio:g} of each residual block's inner channels ("
+        f"{PRUNE_CRITERIA_WORDS[criterion]}, in multiples of 16): parameters {before['parameters']:,} -> "
+        f"{after['parameters']:,}, GFLOPs {format_gflops(before['gflops'])} -> {format_gflops(after['gflops'])} "
+        f"per image at {image_size} px")
     return widths
+
+
+def choose_channels_by_scop(cfg: Config, net: nn.Cell, *, rank: int, group_size: int, steps_per_epoch: int,
+                            log=print) -> None:
+    """The channels a fresh prune_criterion scop run keeps: SCOP's knockoff stage (Golden Stick's
+    cells, src/compression/scop.py) trained on a float copy of the network over this rank's first
+    knockoff_epochs of batches (their gradients averaged across ranks, so every rank scores alike),
+    then `net`, pruned to the same widths, given the float weights of the highest-scoring channels."""
+    steps = max(1, math.ceil(cfg.knockoff_epochs * steps_per_epoch))
+    lrs = create_lr_schedule("cosine", lr_init=0.0, lr_max=cfg.knockoff_lr, lr_end=0.0, total_steps=steps)
+    started = time.perf_counter()  # the float copies' loads below were logged by create_network already
+    scores = knockoff_scores(float_network(cfg, log=lambda _: None),
+                             iter_host_batches(cfg, rank, group_size, first=0, count=steps), lrs, seed=cfg.seed)
+    chosen = float_network(cfg, log=lambda _: None)
+    prune_blocks(chosen, cfg.prune_ratio, scores)
+    values = {param.name: param for param in chosen.get_parameters()}
+    for param in net.get_parameters():
+        param.set_data(Tensor(values[param.name].asnumpy()))
+    spread = np.concatenate(list(scores.values()))
+    log(f"compression prune: SCOP's knockoff stage (Golden Stick's KfConv2d cells on MindSpore's convolutions, "
+        f"{steps} steps of {cfg.batch_size} images and their knockoffs, lr {cfg.knockoff_lr:g} cosine) in "
+        f"{time.perf_counter() - started:.0f} s; kept the channels of highest score |gamma| (2 kfscale - 1) in "
+        f"{len(scores)} convolutions (scores {spread.min():.3g} to {spread.max():.3g})")
 
 
 def start_lsq_steps(cfg: Config, net: nn.Cell, group_size: int, log=print) -> None:
@@ -152,7 +190,8 @@ def check_sink_size(cfg: Config, steps_per_epoch: int) -> None:
 def check_step_keys(cfg: Config) -> None:
     """The compression, optimizer and EMA keys, checked before any work (ranges are checked at load)."""
     check_compression(cfg.compression, optimizer=cfg.optimizer, freeze_backbone=cfg.freeze_backbone,
-                      pre_trained=cfg.pre_trained, prune_ratio=cfg.prune_ratio)
+                      pre_trained=cfg.pre_trained, prune_ratio=cfg.prune_ratio, prune_criterion=cfg.prune_criterion,
+                      knockoff_epochs=cfg.knockoff_epochs, knockoff_lr=cfg.knockoff_lr)
     if cfg.optimizer == THOR:  # its own training path, Ascend/GPU only
         check_thor(cfg)
         return
