@@ -262,7 +262,7 @@ def test_every_recipe_says_what_it_is_and_states_every_recipe_key(path):
 
 def test_the_schema_has_every_key_each_with_a_type_a_default_and_a_help():
     every = set(next(iter(EFFECTIVE.values())))
-    assert len(every) == 115 and all(set(values) == every for values in EFFECTIVE.values())
+    assert len(every) == 116 and all(set(values) == every for values in EFFECTIVE.values())
     assert set(SCHEMA_KEYS) == every
     for name, key in SCHEMA_KEYS.items():
         assert key.type in TYPES and conform(key.default, TYPES[key.type])[0], name

@@ -10,6 +10,8 @@ import pytest
 from test_export import CONFIG, SIZE
 
 from conftest import NO_CURVES, PYTHON, last_json, one_line_error, run
+from src.cpu import cpu_flags, is_x86
+from src.deploy.quantize import reduces_range
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 
@@ -59,6 +61,15 @@ def evaluate(cifar_dir: Path, *source: str) -> dict:
     return last_json(result.stdout)
 
 
+@pytest.mark.parametrize("target, x86, flags, reduced", [
+    ("auto", True, {"avx2", "fma"}, True), ("auto", True, {"avx2", "avx512f", "avx512_vnni"}, False),
+    ("auto", True, {"avx2", "avx_vnni"}, False), ("auto", False, set(), False),
+    ("vnni", True, {"avx2"}, False), ("no_vnni", True, {"avx512_vnni"}, True), ("no_vnni", False, set(), True),
+])
+def test_int8_target_chooses_the_weight_bits_for_any_cpu(target, x86, flags, reduced):
+    assert reduces_range(target, x86=x86, flags=flags) is reduced
+
+
 def test_int8_file_holds_quantized_convolutions(models):
     import onnx
     report = models["int8"]
@@ -66,6 +77,8 @@ def test_int8_file_holds_quantized_convolutions(models):
     assert path.name == f"{NET}_int8.onnx" and report["verified"] is True
     quantization = report["quantization"]
     assert quantization["calibration_samples"] == 64 and quantization["calibration_method"] == "minmax"
+    assert quantization["int8_target"] == "auto"  # 7-bit weights where this CPU lacks VNNI
+    assert quantization["weight_bits"] == (7 if reduces_range("auto", x86=is_x86(), flags=cpu_flags()) else 8)
     assert quantization["convolutions"] == quantization["quantized"] == 12  # resnet10: 9 + 3 shortcut convs
     assert quantization["top1_agreement"] >= 0.9 and 0 < quantization["max_abs_diff"] < 5
     # Read the file itself: every Conv takes its input and its weight from DequantizeLinear, the
@@ -149,6 +162,24 @@ def test_predict_runs_the_int8_file(models, cifar_dir, tmp_path):
     assert agreement >= 0.9
 
 
+@pytest.mark.parametrize("reduce_range, largest", [(False, 127), (True, 64)])
+def test_weights_take_7_bits_for_cpus_without_vnni(models, tmp_path, reduce_range, largest):
+    """onnxruntime's reduce_range: each output channel's largest weight lands on 64 instead of 127,
+    which a CPU without VNNI multiplies with uint8 activations without saturating."""
+    import onnx
+
+    from src.deploy.inference import seeded_input
+    from src.deploy.quantize import quantize_onnx
+    target = tmp_path / "int8.onnx"
+    quantize_onnx(models["float"]["path"], str(target), iter([seeded_input(16, SIZE, SIZE, seed=0)]), num_batches=1,
+                  workdir=str(tmp_path), reduce_range=reduce_range)
+    graph = onnx.load(str(target)).graph
+    weights = [onnx.numpy_helper.to_array(tensor) for tensor in graph.initializer
+               if tensor.data_type == onnx.TensorProto.INT8 and len(tensor.dims) == 4]
+    assert len(weights) == 12
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) == largest
+
+
 @pytest.mark.parametrize("method", ["entropy", "percentile"])
 def test_histogram_calibration_methods(models, method, tmp_path):
     """Entropy and percentile calibration (histograms, collected batch by batch) give a fully
@@ -183,6 +214,8 @@ def test_quantize_errors_are_one_line_and_write_nothing(checkpoint, cifar_dir, t
       "--calibration_samples", "0"], "--calibration_samples"),
     (["--file_format", "ONNX", "--quantize", "int8", "--calibration_data", "{data}", "--batch_size", "512"],
      "fewer than one batch"),
+    (["--file_format", "ONNX", "--quantize", "int8", "--calibration_data", "{data}", "--int8_target", "avx512"],
+     "unknown --int8_target 'avx512'; choose one of auto, vnni, no_vnni"),
 ])
 def test_quantize_rejects_bad_requests_before_exporting(cifar_dir, tmp_path, args, message):
     """export.py's checks, in-process: these fail before MindSpore loads the checkpoint (which does not

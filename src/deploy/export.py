@@ -11,6 +11,7 @@ import numpy as np
 
 from src.compression import QUANTIZATIONS, check_compression
 from src.config import Config
+from src.cpu import cpu_flags, is_x86
 from src.data.host_stage import Normalization, host_normalize
 from src.dataset import create_dataset
 from src.deploy.inference import ExportedModel, compare_logits, require_onnxruntime, seeded_input, seeded_pixels
@@ -19,6 +20,7 @@ from src.deploy.quantize import (
     compare_exports,
     quantize_onnx,
     quantized_convolutions,
+    reduces_range,
     require_quantization,
 )
 from src.errors import UserInputError
@@ -115,8 +117,14 @@ def check_quantize(cfg: Config, file_format: str, height: int, width: int) -> bo
     if height != width:
         raise UserInputError(f"--quantize int8 calibrates on square images (the eval transform); "
                              f"export with equal --height and --width, got {height}x{width}")
+    int8_weights_reduced(cfg.int8_target)
     require_quantization()
     return True
+
+
+def int8_weights_reduced(int8_target: str) -> bool:
+    """Whether the int8 file's weights take 7 bits, for `int8_target` on this CPU (quantize.py)."""
+    return reduces_range(int8_target, x86=is_x86(), flags=cpu_flags())
 
 
 @dataclass
@@ -158,14 +166,19 @@ def quantize_export(float_path: str, cfg: Config, *, calibration: Calibration, s
     workdir = os.path.join(staging, "int8")
     os.makedirs(workdir)
     int8_path = os.path.join(workdir, "int8.onnx")
+    reduced = int8_weights_reduced(cfg.int8_target)
     quantize_onnx(float_path, int8_path, calibration.batches(), num_batches=len(calibration.pixels),
-                  method=cfg.calibration_method, workdir=workdir)
+                  method=cfg.calibration_method, workdir=workdir, reduce_range=reduced)
     report = {"calibration_method": cfg.calibration_method, "calibration_data": cfg.calibration_data,
               "calibration_samples": calibration.samples, **quantized_convolutions(int8_path),
+              "int8_target": cfg.int8_target, "weight_bits": 7 if reduced else 8,
               "top1_agreement": None, "max_abs_diff": None}
+    why = {"vnni": "for CPUs with VNNI", "no_vnni": "for CPUs without VNNI, whose uint8 x int8 sums would saturate",
+           "auto": f"as this CPU {'lacks' if reduced else 'has'} VNNI or the like; --int8_target "
+                   f"{'vnni' if reduced else 'no_vnni'} for the other kind"}[cfg.int8_target]
     print(f"quantized {report['quantized']} of {report['convolutions']} convolutions to int8 (QDQ, per-channel "
-          f"weights), activations calibrated ({cfg.calibration_method}) on {report['calibration_samples']} "
-          f"training images of {cfg.calibration_data}", flush=True)
+          f"weights in {report['weight_bits']} bits {why}), activations calibrated ({cfg.calibration_method}) on "
+          f"{report['calibration_samples']} training images of {cfg.calibration_data}", flush=True)
     if cfg.verify:
         result = compare_exports(float_path, int8_path, calibration.batches())
         report.update(top1_agreement=result["top1_agreement"], max_abs_diff=result["max_abs_diff"])

@@ -4,11 +4,14 @@ QDQ format (QuantizeLinear/DequantizeLinear pairs around the float operators, wh
 CPU provider fuses into int8 kernels), weights int8 per output channel, activations uint8 with
 ranges calibrated on batches the caller supplies (export.py: training images through the
 evaluation transform). onnxruntime's guidance for x86 CPUs with VNNI: uint8 activations, int8
-weights, no reduced range. Needs the `onnx` package besides onnxruntime.
+weights, no reduced range. Without VNNI its x86 kernels multiply uint8 by int8 with an instruction
+(VPMADDUBSW) whose pairwise sums saturate at 16 bits, which cost ResNet18 2.2 points of top-1 on the
+digits on an AMD EPYC with AVX2 (docs/export.md); weights in 7 bits (its reduce_range) cannot
+saturate there: `int8_target` chooses. Needs the `onnx` package besides onnxruntime.
 """
 import os
 from collections import Counter
-from typing import Dict, Iterable, Iterator, List
+from typing import Dict, Iterable, Iterator, List, Set
 
 import numpy as np
 
@@ -16,6 +19,10 @@ from src.deploy.inference import ExportedModel, compare_logits, require_onnxrunt
 from src.errors import UserInputError, require_module
 
 CALIBRATION_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+# The CPUs an int8 file is for: with VNNI (x86's AVX512-VNNI or AVX-VNNI; aarch64's dot products
+# do not saturate either), without it (7-bit weights), or those of the CPU that exports it.
+INT8_TARGETS = ("auto", "vnni", "no_vnni")
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 QUANTIZE_HINT = "pip install onnx onnxruntime (requirements-dev.txt pins both)"
 # Per-channel DequantizeLinear (the axis attribute) exists from opset 13; MindSpore exports opset 11.
 MIN_OPSET = 13
@@ -54,11 +61,24 @@ class _BatchReader:
         return None if batch is None else {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
 
 
+def reduces_range(int8_target: str, *, x86: bool, flags: Set[str]) -> bool:
+    """Whether an int8 file for `int8_target` keeps its weights in 7 bits (onnxruntime's
+    reduce_range): for CPUs without VNNI, or with `auto` where this CPU (x86 with `flags`, or not
+    x86) is one of them."""
+    if int8_target not in INT8_TARGETS:
+        raise UserInputError(f"unknown --int8_target '{int8_target}'; choose one of {', '.join(INT8_TARGETS)} "
+                             f"(the CPUs the int8 file will run on)")
+    if int8_target == "auto":
+        return x86 and not VNNI_FLAGS & set(flags)
+    return int8_target == "no_vnni"
+
+
 def quantize_onnx(float_path: str, int8_path: str, batches: Iterable[np.ndarray], *, num_batches: int,
-                  method: str = "minmax", workdir: str) -> None:
+                  method: str = "minmax", workdir: str, reduce_range: bool = False) -> None:
     """Write the int8 (QDQ) model of the float ONNX file `float_path` to `int8_path`, activation
-    ranges calibrated on `num_batches` float32 NCHW batches of the file's input size. `workdir`
-    holds the intermediate files (opset upgrade, onnxruntime's pre-processing)."""
+    ranges calibrated on `num_batches` float32 NCHW batches of the file's input size, weights in 7
+    bits with `reduce_range` (for CPUs without VNNI). `workdir` holds the intermediate files (opset
+    upgrade, onnxruntime's pre-processing)."""
     quantization = require_quantization()
     import onnx  # pylint: disable=import-outside-toplevel
     from onnx import version_converter  # pylint: disable=import-outside-toplevel
@@ -78,6 +98,7 @@ def quantize_onnx(float_path: str, int8_path: str, batches: Iterable[np.ndarray]
     quantization.quantize_static(
         prepared, int8_path, reader, quant_format=quantization.QuantFormat.QDQ, per_channel=True,
         activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
+        reduce_range=reduce_range,
         calibrate_method=getattr(quantization.CalibrationMethod, CALIBRATION_METHODS[method]),
         extra_options={"CalibStridedMinMax": 1})
 
