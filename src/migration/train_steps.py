@@ -13,12 +13,14 @@ from src.migration.dumped_batches import Batch
 from src.migration.layer_diff import LayerRow, find_first_difference
 from src.migration.torch_training import BATCH_NORM_DEFINITION, DEFINITIONS, TorchSide
 from src.migration.train_compare import (
+    SIGN_STEPPED,
     Row,
     compare_tables,
     loss_row,
     mindspore_ema_state,
     mindspore_gradients,
     mindspore_state,
+    opposite_signs,
     step_one_rows,
 )
 from src.migration.train_sides import compressed_schedule, create_sides, ema_plan, load_torch_state, torch_recipe
@@ -69,7 +71,8 @@ def run_steps(cfg: Config, args: argparse.Namespace, batches: List[Batch],
             f"{row['floor']:>9.2e} {row['ratio']:>7.2f}" + ("" if row["within"] else "  <- over"))
         if number == 1:
             tables["gradients"] = compare_tables("gradient", ms_grads, grads32, grads64, args.multiple)
-            tables["weights"] += step_one_rows(net, step_cell, side32, side64, torch_before, args.multiple)
+            sign_ties = opposite_signs(ms_grads, grads32) if cfg.optimizer in SIGN_STEPPED else None
+            tables["weights"] += step_one_rows(net, step_cell, side32, side64, torch_before, args.multiple, sign_ties)
             if not all(r["within"] for r in tables["gradients"] + tables["weights"]):
                 first_bad = 1
         if first_bad is None and not row["within"]:
