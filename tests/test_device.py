@@ -1,0 +1,50 @@
+"""The device set-up's speed-up of compiled calls: nn.Cell's compile_phase setter, quicker, with
+the values MindSpore's own sets."""
+import mindspore as ms
+import numpy as np
+import pytest
+
+from src.device import MINDSPORE_COMPILE_PHASE, init_device, quicken_compiled_calls
+from src.resnet import create_model
+
+
+def phases(net: ms.nn.Cell) -> dict:
+    """Each cell's compile phase by name, the network itself as ''."""
+    return {name: cell._compile_phase for name, cell in net.cells_and_names()}  # noqa: SLF001
+
+
+def test_the_quicker_setter_writes_what_mindspores_writes():
+    quicken_compiled_calls()
+    assert ms.nn.Cell.compile_phase is not MINDSPORE_COMPILE_PHASE
+    theirs, ours = create_model("resnet10", num_classes=10), create_model("resnet10", num_classes=10)
+    theirs.layer1[0].downsample = None  # a None in the tree, which both skip
+    ours.layer1[0].downsample = None
+    MINDSPORE_COMPILE_PHASE.fset(theirs, "train.1")
+    ours.compile_phase = "train.1"
+    assert phases(ours) == phases(theirs) and set(phases(ours).values()) == {"train.1"}
+    assert len(phases(ours)) == 45  # every cell below (resnet10 has 45), not the top alone
+    ours.layer2.compile_phase = "predict.2"  # a sub-network called alone sets its own cells only
+    assert {name for name, phase in phases(ours).items() if phase == "predict.2"} == {
+        name for name in phases(ours) if name.startswith("layer2")}
+    with pytest.raises(TypeError, match="compile_phase"):
+        ours.compile_phase = 1
+    quicken_compiled_calls()  # again: still the one property
+    assert ms.nn.Cell.compile_phase.fset is type(ours).compile_phase.fset
+
+
+def test_a_compiled_network_computes_alike_with_the_quicker_setter():
+    init_device("CPU", mode_name="GRAPH", cap_cpu_isa=True)  # installs it, as every entry point does
+    assert ms.nn.Cell.compile_phase is not MINDSPORE_COMPILE_PHASE
+    net = create_model("resnet10", num_classes=10, convolutions="mindspore")
+    net.set_train(False)
+    images = ms.Tensor(np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32))
+    first, second = net(images).asnumpy(), net(images).asnumpy()  # compiled, then the compiled graph reused
+    pynative = ms.get_context("mode")
+    try:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        eager = net(images).asnumpy()
+    finally:
+        ms.set_context(mode=pynative)
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first, eager, rtol=1e-5, atol=1e-5)
+    assert net.compile_phase and net.layer1[0].conv1.compile_phase == net.compile_phase
