@@ -168,8 +168,9 @@ struct Operand {
     // An output that fills part of MindSpore's buffer (image_inside_kernel's weight gradient): the
     // bytes zeroed first (or by copy_blocks_out as it writes them).
     size_t zeroed_bytes = 0;
-    // An output reorder from 16x16-blocked weights to plain ones that copy_blocks_out does, not oneDNN.
-    bool copies_blocks = false;
+    // An output reorder from 16x16- or 8x8-blocked weights to plain ones that copy_blocks_out does, not
+    // oneDNN: the blocks' side (0: oneDNN's reorder).
+    int copies_blocks = 0;
 };
 
 struct Plan {
@@ -329,39 +330,50 @@ memory::desc flat(int64_t count, dt type) { return memory::desc({count}, type, t
 constexpr int64_t kOneThreadMacs = 4 << 20, kOneThreadElements = 64 << 10;
 
 // Float32 weights blocked 16 output by 16 input channels (ABcd16b16a, the weight gradients of
-// oneDNN's float32 convolutions here) into a plain, possibly strided, OIHW `user`: oneDNN's reorder
-// writes the plain side one column of a block at a time, sixteen rows a power of two apart that fall
-// into one cache set, and ran at 4 GB/s for a 1x1 layer's 1024 or 2048 inputs; row by row, 30 GB/s.
-bool copyable_blocks(const memory::desc &blocked, const memory::desc &user) {
+// oneDNN's float32 convolutions under AVX-512), or 8 by 8 (ABcd8b8a, under AVX2), into a plain,
+// possibly strided, OIHW `user`: oneDNN's reorder writes the plain side one column of a block at a
+// time, sixteen rows a power of two apart that fall into one cache set, and ran at 4 GB/s for a 1x1
+// layer's 1024 or 2048 inputs; row by row, 30 GB/s. The block's side, 0 where neither fits.
+int copyable_blocks(const memory::desc &blocked, const memory::desc &user) {
     const memory::dims dims = user.get_dims();
-    return dims.size() == 4 && user.get_data_type() == dt::f32 && user.get_inner_nblks() == 0 && dims[0] % 16 == 0 &&
-           dims[1] % 16 == 0 && blocked == memory::desc(dims, dt::f32, tag::ABcd16b16a);
+    if (dims.size() != 4 || user.get_data_type() != dt::f32 || user.get_inner_nblks() != 0) return 0;
+    for (const auto &[side, layout] : {std::make_pair(16, tag::ABcd16b16a), std::make_pair(8, tag::ABcd8b8a)})
+        if (dims[0] % side == 0 && dims[1] % side == 0 && blocked == memory::desc(dims, dt::f32, layout)) return side;
+    return 0;
 }
 
 // `zero_rest`: `user` views some taps of a whole OIHW buffer (image_inside_kernel's weight gradient),
 // whose other taps get zeros in the same pass: one write of the buffer, not a memset and a second pass.
+template <int kSide>
 void copy_blocks_out(const memory &blocked, const memory &user, bool zero_rest) {
     const memory::desc desc = user.get_desc();
     const memory::dims d = desc.get_dims(), stride = desc.get_strides();
-    const int64_t out_blocks = d[0] / 16, in_blocks = d[1] / 16, kh = d[2], kw = d[3];
+    const int64_t out_blocks = d[0] / kSide, in_blocks = d[1] / kSide, kh = d[2], kw = d[3];
     const int64_t offset = desc.get_submemory_offset();
     const float *in = static_cast<const float *>(blocked.get_data_handle());
     float *base = static_cast<float *>(user.get_data_handle());
 #pragma omp parallel for collapse(2) if (element_count(4, d.data()) > kOneThreadElements)
     for (int64_t ob = 0; ob < out_blocks; ++ob)
         for (int64_t ib = 0; ib < in_blocks; ++ib) {
-            const float *block = in + (ob * in_blocks + ib) * kh * kw * 256;
-            for (int64_t o = 0; o < 16; ++o) {
-                float *rows = base + (ob * 16 + o) * stride[0] + ib * 16 * stride[1];  // the block's 16 inputs
-                if (zero_rest) std::memset(rows, 0, 16 * stride[1] * sizeof(float));
+            const float *block = in + (ob * in_blocks + ib) * kh * kw * kSide * kSide;
+            for (int64_t o = 0; o < kSide; ++o) {
+                float *rows = base + (ob * kSide + o) * stride[0] + ib * kSide * stride[1];  // the block's inputs
+                if (zero_rest) std::memset(rows, 0, kSide * stride[1] * sizeof(float));
                 for (int64_t y = 0; y < kh; ++y)
                     for (int64_t x = 0; x < kw; ++x) {
                         float *tap = rows + offset + y * stride[2] + x * stride[3];
-                        const float *column = block + (y * kw + x) * 256 + o;
-                        for (int i = 0; i < 16; ++i) tap[i * stride[1]] = column[i * 16];  // unrolled: 16 fixed
+                        const float *column = block + (y * kw + x) * kSide * kSide + o;
+                        for (int i = 0; i < kSide; ++i) tap[i * stride[1]] = column[i * kSide];  // unrolled: fixed count
                     }
             }
         }
+}
+
+void copy_blocks_out(int side, const memory &blocked, const memory &user, bool zero_rest) {
+    if (side == 16)
+        copy_blocks_out<16>(blocked, user, zero_rest);
+    else
+        copy_blocks_out<8>(blocked, user, zero_rest);
 }
 
 Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, const memory::desc &wanted) {
@@ -369,7 +381,7 @@ Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, c
     Operand result{arg, slot, output, memory(user_desc, engine, DNNL_MEMORY_NONE), memory(), false, {}};
     result.reorders = wanted != user_desc;
     result.inner = result.reorders ? memory(wanted, engine) : result.user;
-    result.copies_blocks = result.reorders && output && copyable_blocks(wanted, user_desc);
+    result.copies_blocks = result.reorders && output ? copyable_blocks(wanted, user_desc) : 0;
     if (result.reorders && !result.copies_blocks)
         result.reorder = output ? dnnl::reorder(result.inner, result.user) : dnnl::reorder(result.user, result.inner);
     return result;
@@ -671,7 +683,7 @@ void execute(Plan &plan, void **slots) {
         if (o.copies_blocks) {
             s.stream.wait();
             Timed timed(kWeightGradientCopies);
-            copy_blocks_out(o.inner, o.user, o.zeroed_bytes != 0);
+            copy_blocks_out(o.copies_blocks, o.inner, o.user, o.zeroed_bytes != 0);
         } else {
             o.reorder.execute(s.stream, o.inner, o.user);
         }
