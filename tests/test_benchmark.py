@@ -57,7 +57,8 @@ def test_benchmark_writes_every_field(tmp_path):
     assert set(report["own_loops_ms"]) == set(report["breakdown_ms"]) and report["own_loops_ms"]["mindspore"] == {}
     for path, own in report["own_loops_ms"].items():
         assert all(ms >= 0 for ms in own.values()) and sum(own.values()) <= report["breakdown_ms"][path]["the rest"]
-    # oneDNN's blocked weight gradients (16x16 under AVX-512, 8x8 under AVX2) leave through our copy
+    # oneDNN's blocked weight gradients leave through our copy: every 16x16 one (AVX-512); of the 8x8 ones
+    # (AVX2), those of the last stage's 1x1 maps at 32 px, with the zeros of their other taps
     copied = library.channels_per_block("float32") in (8, 16)
     assert (report["own_loops_ms"]["ours"]["weight gradient copies"] > 0) == copied
     # The rest op by op: MindSpore's optimizer kernels on its path; with ours, one op of the step's own cell
