@@ -135,7 +135,8 @@ print(json.dumps({{"exit": int(code), "passed": Passed.count, "isa": library.isa
 @needs_library
 def test_the_gradients_equal_mindspores_under_avx2_too():
     """The shapes above on this CPU's other branch: under AVX2 oneDNN's weights come in 8x8 blocks
-    (16x16 under AVX-512), which our loop copies out as it does the 16x16 ones."""
+    (16x16 under AVX-512), whose gradients leave through oneDNN's reorder but the 1x1 maps' ones,
+    which our loop copies out with the zeros of their other taps."""
     if "avx512f" not in cpu_flags():
         pytest.skip("this CPU has no AVX-512: the test above already ran its AVX2 branch")
     test = "tests/test_cpu_convolution.py::test_forward_and_both_gradients_equal_mindspores_at_float32_rounding"
