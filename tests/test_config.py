@@ -268,7 +268,8 @@ def test_the_schema_has_every_key_each_with_a_type_a_default_and_a_help():
         assert key.type in TYPES and conform(key.default, TYPES[key.type])[0], name
         assert key.help.strip() and "\n" not in key.help, name
     # docs/config_reference.md renders every key (tests/test_docs.py keeps the file equal to this)
-    assert all(f"| `{name}` |" in format_reference() for name in SCHEMA_KEYS)
+    reference = format_reference()
+    assert all(f"| `{name}` |" in reference for name in SCHEMA_KEYS)
 
 
 # What makes a recipe; each is marked in the schema (more keys may be).
