@@ -1,6 +1,6 @@
 """Device and execution-mode set-up, called once by an entry point before any MindSpore op."""
 import os
-from typing import Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import mindspore as ms
 
@@ -23,6 +23,21 @@ def prefer_fast_cpu_convolutions(machine_name: Optional[str] = None) -> Optional
     if not is_x86(machine_name):
         return None
     return os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+
+
+# MindSpore's compile cache reloads the graph it saved whenever this repository's Python files are
+# unchanged, whatever the settings: a resnet10 run given --weight_decay 0.5 trained with the cached
+# run's weight decay (loss 2.5385, without the cache 2.9652), --batch_size 8 failed in Gather, and
+# --net_name resnet18 trained the cached resnet10, with a warning in MindSpore's log at most.
+COMPILE_CACHE_SWITCH = "MS_COMPILER_CACHE_ENABLE"
+
+
+def refuse_compile_cache(environ: Mapping[str, str]) -> None:
+    """One line, before any graph compiles, where `environ` switches MindSpore's compile cache on."""
+    if environ.get(COMPILE_CACHE_SWITCH, "").strip() == "1":
+        raise UserInputError(f"{COMPILE_CACHE_SWITCH}=1 makes MindSpore run the graph it cached for earlier "
+                             f"settings (it checks only the Python files: a new --weight_decay trained with the "
+                             f"old one); unset {COMPILE_CACHE_SWITCH}")
 
 
 def available_cores() -> int:
@@ -82,7 +97,8 @@ def quicken_compiled_calls() -> None:
 
 def init_device(device_target: str, *, device_id: Optional[int] = 0, mode_name: str = "GRAPH",
                 processes_per_node: int = 1, cpu_threads: int = 0, cap_cpu_isa: bool = True) -> int:
-    """Select the execution mode and device; a device this machine lacks is a clear error.
+    """Select the execution mode and device; a device this machine lacks, or MindSpore's compile cache
+    switched on (refuse_compile_cache), is a clear error.
 
     On CPU, the kernels get one thread per available core, shared among `processes_per_node`
     ranks, unless `cpu_threads` > 0 or OMP_NUM_THREADS says otherwise (the usual way to give a
@@ -97,6 +113,7 @@ def init_device(device_target: str, *, device_id: Optional[int] = 0, mode_name: 
         raise UserInputError(f"unknown device_target '{device_target}'; choose one of {', '.join(DEVICE_TARGETS)}")
     if mode_name not in MODES:
         raise UserInputError(f"unknown mode_name '{mode_name}'; choose GRAPH or PYNATIVE")
+    refuse_compile_cache(os.environ)
     if device_target == "CPU" and cap_cpu_isa:
         prefer_fast_cpu_convolutions()
     elif device_target != "CPU" and not ms.hal.is_available(device_target):

@@ -1,11 +1,14 @@
-"""The device set-up's speed-up of compiled calls: nn.Cell's compile_phase setter, quicker, with
-the values MindSpore's own sets."""
+"""The device set-up: the speed-up of compiled calls (nn.Cell's compile_phase setter, quicker, with
+the values MindSpore's own sets) and the refusal of MindSpore's compile cache."""
+import os
+
 import mindspore as ms
 import numpy as np
 import pytest
 
-from conftest import PYTHON, run
-from src.device import MINDSPORE_COMPILE_PHASE, quicken_compiled_calls
+from conftest import PYTHON, REPO, run
+from src.device import COMPILE_CACHE_SWITCH, MINDSPORE_COMPILE_PHASE, quicken_compiled_calls, refuse_compile_cache
+from src.errors import UserInputError
 from src.resnet import create_model
 
 
@@ -60,3 +63,27 @@ def test_every_entry_points_device_set_up_installs_it():
     result = run([PYTHON, "-c", script])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split()[-2:] == ["True", "False"]
+
+
+@pytest.mark.parametrize("value, refused", [("1", True), (" 1\n", True), ("0", False), ("", False), (None, False)])
+def test_the_compile_cache_switch_is_refused_where_it_is_on(value, refused):
+    environ = {} if value is None else {COMPILE_CACHE_SWITCH: value}
+    if refused:
+        with pytest.raises(UserInputError, match=f"unset {COMPILE_CACHE_SWITCH}"):
+            refuse_compile_cache(environ)
+    else:
+        refuse_compile_cache(environ)
+
+
+@pytest.mark.slow
+def test_train_py_with_the_compile_cache_on_is_one_line_and_writes_nothing(tmp_path, cifar_dir):
+    """MindSpore's compile cache would run a graph compiled for other settings (src/device.py)."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    env = dict(os.environ, **{COMPILE_CACHE_SWITCH: "1", "MS_COMPILER_CACHE_PATH": str(cache)})
+    result = run([PYTHON, "train.py", "--config_path", str(REPO / "config" / "sample_resnet18.yaml"),
+                  "--net_name", "resnet10", "--data_path", str(cifar_dir), "--epoch_size", "1",
+                  "--output_dir", str(out)], env=env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {COMPILE_CACHE_SWITCH}=1 ") and line.endswith(f"unset {COMPILE_CACHE_SWITCH}")
+    assert not out.exists() and not cache.exists()
