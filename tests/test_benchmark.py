@@ -53,6 +53,15 @@ def test_benchmark_writes_every_field(tmp_path):
         assert abs(sum(v for k, v in parts.items() if not k.endswith("step_ms")) - parts["step_ms"]) < 0.5
         assert parts["unprofiled_step_ms"] > 0  # a step without oneDNN's profile, outside the sum
     assert report["breakdown_ms"]["ours"]["normalization"] > 0  # BatchNorm runs in our oneDNN, blocked
+    # The convolutions by pass, parsed from oneDNN's problem lines: MindSpore's forward convolves the
+    # model's multiply-accumulates (all but the head's), and the passes add up to the convolutions' time
+    assert set(report["convolution_passes"]) == set(report["breakdown_ms"])
+    for path, passes in report["convolution_passes"].items():
+        assert {"forward", "backward weights"} <= set(passes) <= {"forward", "backward data", "backward weights"}
+        assert abs(sum(p["ms"] for p in passes.values()) - report["breakdown_ms"][path]["convolutions"]) < 0.5
+        assert all(p["gmacs_per_s"] > 0 for p in passes.values())
+    forward = report["convolution_passes"]["mindspore"]["forward"]["gmac"]
+    assert abs(forward - report["batch_size"] * report["model"]["gflops"]) < 1e-3
     # Our layers' own loops, outside oneDNN's primitives (their timers): part of that path's rest
     assert set(report["own_loops_ms"]) == set(report["breakdown_ms"]) and report["own_loops_ms"]["mindspore"] == {}
     for path, own in report["own_loops_ms"].items():

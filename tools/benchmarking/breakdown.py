@@ -5,6 +5,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import tempfile
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -12,6 +13,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 BREAKDOWN_MARK = "BREAKDOWN "
 BREAKDOWN_KINDS = {"convolution": "convolutions", "batch_normalization": "normalization", "pooling": "pooling",
                    "reorder": "layout reorders"}
+# A convolution's propagation kind in oneDNN's profile, and the pass of the training step it is.
+CONVOLUTION_PASSES = {"forward_training": "forward", "forward_inference": "forward",
+                      "backward_data": "backward data", "backward_weights": "backward weights"}
 
 
 # Operators whose time is oneDNN's (counted by kind above): our layers, and MindSpore's own convolution,
@@ -32,20 +36,24 @@ def serve_breakdown(runner, kind: str) -> int:
     (onednn_breakdown) or 'operators' (operator_table)."""
     for _ in range(WARM_UP_STEPS):
         runner.train_step()
-    result = onednn_breakdown(runner) if kind == "onednn" else {"operators": operator_table(runner)}
+    if kind == "onednn":
+        kinds, passes = onednn_breakdown(runner)
+        result = {"kinds": kinds, "convolution_passes": passes}
+    else:
+        result = {"operators": operator_table(runner)}
     print(BREAKDOWN_MARK + json.dumps(result), flush=True)
     return 0
 
 
 def step_taken_apart(runner) -> Dict[str, Dict[str, float]]:
-    """The breakdowns of a warm runner's training step: 'kinds' (onednn_breakdown), 'own' (our layers'
-    own loops in those steps, part of their rest: own_loops_ms) and 'rest' (the rest op by op,
-    rest_by_operator)."""
+    """The breakdowns of a warm runner's training step: 'kinds' and 'passes' (onednn_breakdown), 'own'
+    (our layers' own loops in those steps, part of their rest: own_loops_ms) and 'rest' (the rest op
+    by op, rest_by_operator)."""
     runner.train_step()
     before = _own_loop_seconds()
-    kinds = onednn_breakdown(runner, BREAKDOWN_STEPS)
+    kinds, passes = onednn_breakdown(runner, BREAKDOWN_STEPS)
     own = own_loops_ms(before, _own_loop_seconds(), 2 * BREAKDOWN_STEPS)
-    return {"kinds": kinds, "own": own, "rest": rest_by_operator(operator_table(runner))}
+    return {"kinds": kinds, "passes": passes, "own": own, "rest": rest_by_operator(operator_table(runner))}
 
 
 def _own_loop_seconds() -> Dict[str, float]:
@@ -153,18 +161,47 @@ def _onednn_profile() -> Iterator[Tuple[Callable[[bool], None], List[List[str]]]
 def _milliseconds_by_kind(lines: List[str]) -> Dict[str, float]:
     """oneDNN's profiled primitives by kind (BREAKDOWN_KINDS, the others as 'other oneDNN'), ms."""
     totals: Dict[str, float] = {}
+    for kind, _, _, milliseconds in _executions(lines):
+        name = BREAKDOWN_KINDS.get(kind, "other oneDNN")
+        totals[name] = totals.get(name, 0.0) + milliseconds
+    return totals
+
+
+def _executions(lines: List[str]) -> Iterator[Tuple[str, str, str, float]]:
+    """(kind, propagation, problem, milliseconds) of each primitive oneDNN's profile timed: its lines
+    "onednn_verbose,exec,cpu,KIND,IMPLEMENTATION,PROPAGATION,...,PROBLEM,MS"."""
     for line in lines:
         fields = line.split(",")
         if not line.startswith("onednn_verbose") or "exec" not in fields:
             continue
-        kind = fields[fields.index("exec") + 2]
+        at = fields.index("exec")
         try:
             milliseconds = float(fields[-1])
         except ValueError:
             continue
-        name = BREAKDOWN_KINDS.get(kind, "other oneDNN")
-        totals[name] = totals.get(name, 0.0) + milliseconds
-    return totals
+        yield fields[at + 2], fields[at + 4], fields[-2], milliseconds
+
+
+def _multiply_accumulates(problem: str) -> int:
+    """A 2-D convolution's multiply-accumulates from its problem in oneDNN's profile line, as
+    "mb8_g32ic256oc256_ih56oh56kh3sh1dh0ph1_iw56ow56kw3sw1dw0pw1" (the group count absent when 1)."""
+    sizes = {name: int(value) for name, value in re.findall(r"([a-z]+)(\d+)", problem)}
+    return (sizes["mb"] * sizes["ic"] // sizes.get("g", 1) * sizes["oc"] * sizes["oh"] * sizes.get("ow", sizes["oh"])
+            * sizes["kh"] * sizes.get("kw", sizes["kh"]))
+
+
+def convolution_passes(lines: List[str]) -> Dict[str, Dict[str, float]]:
+    """oneDNN's profiled convolutions by pass of the training step (CONVOLUTION_PASSES): each one's
+    milliseconds, billions of multiply-accumulates and GMAC/s. Which pass falls short of the CPU's
+    peak says where a step's convolutions could still gain."""
+    passes: Dict[str, List[float]] = {}
+    for kind, propagation, problem, milliseconds in _executions(lines):
+        if kind == "convolution" and propagation in CONVOLUTION_PASSES:
+            totals = passes.setdefault(CONVOLUTION_PASSES[propagation], [0.0, 0.0])
+            totals[0] += milliseconds
+            totals[1] += _multiply_accumulates(problem) / 1e9
+    return {name: {"ms": round(ms, 1), "gmac": round(gmac, 4), "gmacs_per_s": round(gmac * 1000 / ms, 1) if ms else 0.0}
+            for name, (ms, gmac) in passes.items()}
 
 
 def _timed_step(runner) -> float:
@@ -173,14 +210,15 @@ def _timed_step(runner) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def onednn_breakdown(runner, steps: int = BREAKDOWN_STEPS) -> Dict[str, float]:
+def onednn_breakdown(runner, steps: int = BREAKDOWN_STEPS) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]]]:
     """A warm runner's training step taken apart, in milliseconds: oneDNN's primitives by kind
     (MindSpore's copy and ours both), and the rest of the step (MindSpore's own kernels, the
     optimizer, the framework). `steps` profiled and `steps` unprofiled steps run in turn; the step
     taken apart is the fastest profiled one (this host's neighbours only ever add time, to the
     primitives and the rest alike), and 'unprofiled_step_ms', the fastest unprofiled one, shows
     what oneDNN's profile itself costs (a line formatted and written per primitive: within this
-    host's noise at ResNet18 64x32, where the steps of one run differ by 5-10%)."""
+    host's noise at ResNet18 64x32, where the steps of one run differ by 5-10%). Second, that step's
+    convolutions by pass (convolution_passes)."""
     unprofiled, profiled = [], []
     with _onednn_profile() as (profile, stretches):
         for _ in range(steps):
@@ -191,5 +229,6 @@ def onednn_breakdown(runner, steps: int = BREAKDOWN_STEPS) -> Dict[str, float]:
     step_ms, lines = min(zip(profiled, stretches), key=lambda pair: pair[0])
     totals = _milliseconds_by_kind(lines)
     totals["the rest"] = step_ms - sum(totals.values())
-    return {"step_ms": round(step_ms, 1), **{name: round(value, 1) for name, value in totals.items()},
-            "unprofiled_step_ms": round(min(unprofiled), 1)}
+    kinds = {"step_ms": round(step_ms, 1), **{name: round(value, 1) for name, value in totals.items()},
+             "unprofiled_step_ms": round(min(unprofiled), 1)}
+    return kinds, convolution_passes(lines)

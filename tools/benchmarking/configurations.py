@@ -51,12 +51,14 @@ def benchmark_configuration(net_name: str, batch: int, size: int, args: argparse
             paths = write_data(os.path.join(data_root, f"{net_name}_{size}"), size,
                                images=(max(4, args.steps) + 2) * batch)
             data = workers[0].ask("data " + json.dumps(paths))
-        report["breakdown_ms"], report["own_loops_ms"], report["rest_of_step_ms"] = {}, {}, {}
+        report["breakdown_ms"], report["convolution_passes"] = {}, {}
+        report["own_loops_ms"], report["rest_of_step_ms"] = {}, {}
         for worker in [worker for worker in workers if worker.framework in MINDSPORE_WORKERS]:
             # in its measuring process, after every measurement: the profiles slow what they watch
             progress(f"{what}: one training step of {worker.framework} taken apart")
             taken_apart = worker.ask("breakdown")
             report["breakdown_ms"][worker.framework] = taken_apart["kinds"]
+            report["convolution_passes"][worker.framework] = taken_apart["passes"]
             report["own_loops_ms"][worker.framework] = taken_apart["own"]
             report["rest_of_step_ms"][worker.framework] = taken_apart["rest"]
     finally:

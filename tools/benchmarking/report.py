@@ -90,8 +90,8 @@ def _cpu_path_rows(r: Dict) -> List[str]:
 
 
 def _breakdown_rows(r: Dict) -> List[str]:
-    """Each MindSpore path's training step taken apart, then its rest: our layers' own loops, and
-    MindSpore's operators one by one."""
+    """Each MindSpore path's training step taken apart, its convolutions by pass, then its rest: our
+    layers' own loops, and MindSpore's operators one by one."""
     lines = []
     for name, parts in r.get("breakdown_ms", {}).items():
         parts = dict(parts)
@@ -99,6 +99,10 @@ def _breakdown_rows(r: Dict) -> List[str]:
         lines.append(f"  one training step, {LABELS[name]}: " + ", ".join(
             f"{part} {value:.0f} ms" for part, value in parts.items())
             + (f" (unprofiled: {unprofiled:.0f} ms)" if unprofiled else ""))
+        passes = r.get("convolution_passes", {}).get(name)
+        if passes:
+            lines.append("    the convolutions by pass: " + ", ".join(
+                f"{part} {value['ms']:.0f} ms at {value['gmacs_per_s']:.1f} GMAC/s" for part, value in passes.items()))
         own = r.get("own_loops_ms", {}).get(name)
         if own:
             lines.append("    the rest, our layers outside oneDNN's primitives (their timers): " + ", ".join(
