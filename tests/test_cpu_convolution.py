@@ -55,6 +55,10 @@ SHAPES = [
     dict(cin=16, cout=32, k=3, size=1), dict(cin=16, cout=16, k=3, pad_mode="same", size=1, bias=True),
     dict(cin=32, cout=16, k=3, stride=2, size=1), dict(cin=16, cout=16, k=5, dilation=2, size=1),
     dict(cin=32, cout=16, k=3, stride=2, size=2), dict(cin=16, cout=16, k=3, stride=2, pad_mode="same", size=2),
+    # at most 4 output pixels an image, whose weight gradient is one matrix product over the batch: 2x2
+    # maps (padded taps), strided 3x3 and 1x1 onto them, dilated taps that skip the image
+    dict(cin=16, cout=32, k=3, size=2), dict(cin=16, cout=32, k=3, stride=2, size=4),
+    dict(cin=16, cout=32, k=1, stride=2, size=4), dict(cin=16, cout=16, k=3, dilation=2, size=2),
 ]
 
 

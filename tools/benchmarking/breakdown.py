@@ -12,7 +12,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 BREAKDOWN_MARK = "BREAKDOWN "
 BREAKDOWN_KINDS = {"convolution": "convolutions", "batch_normalization": "normalization", "pooling": "pooling",
-                   "reorder": "layout reorders"}
+                   "reorder": "layout reorders", "matmul": "matrix products"}
 # A convolution's propagation kind in oneDNN's profile, and the pass of the training step it is.
 CONVOLUTION_PASSES = {"forward_training": "forward", "forward_inference": "forward",
                       "backward_data": "backward data", "backward_weights": "backward weights"}
@@ -193,7 +193,8 @@ def _multiply_accumulates(problem: str) -> int:
 def convolution_passes(lines: List[str]) -> Dict[str, Dict[str, float]]:
     """oneDNN's profiled convolutions by pass of the training step (CONVOLUTION_PASSES): each one's
     milliseconds, billions of multiply-accumulates and GMAC/s. Which pass falls short of the CPU's
-    peak says where a step's convolutions could still gain."""
+    peak says where a step's convolutions could still gain. (The weight gradients of small maps that
+    our layers compute as matrix products are 'matrix products' of the breakdown, not here.)"""
     passes: Dict[str, List[float]] = {}
     for kind, propagation, problem, milliseconds in _executions(lines):
         if kind == "convolution" and propagation in CONVOLUTION_PASSES:

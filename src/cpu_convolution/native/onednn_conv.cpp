@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -180,6 +181,7 @@ struct Plan {
     memory::desc scratchpad;                // what the primitive asks of the shared scratchpad
     std::unique_ptr<Plan> prelude;          // run first (max pooling's backward: its forward, for the workspace)
     std::unique_ptr<Plan> postlude;         // run last (the residual addition after a normalization)
+    std::function<void(void **)> steps;     // our own steps instead (weight_gradient_product)
 };
 
 struct CachedPlan {
@@ -225,9 +227,11 @@ tag chosen_layout(const dnnl::engine &engine, dt type);
 // Seconds spent in this library's own loops inside the layers' kernels, outside oneDNN's primitives,
 // since it loaded (OwnLoopSeconds: benchmark.py names them in the rest of a training step). Every
 // kernel runs under the state's lock, so the sums need none of their own.
-enum OwnLoop { kResidualRelu, kGradientSums, kWeightGradientCopies, kZeroedGradients, kOwnLoopCount };
+enum OwnLoop {
+    kResidualRelu, kGradientSums, kWeightGradientCopies, kZeroedGradients, kWeightGradientPatches, kOwnLoopCount
+};
 const char *const kOwnLoopNames =
-    "residual addition and ReLU,gradient sums,weight gradient copies,zeroed gradients,";
+    "residual addition and ReLU,gradient sums,weight gradient copies,zeroed gradients,weight gradient patches,";
 double g_own_seconds[kOwnLoopCount] = {};
 
 class Timed {  // adds the seconds of its scope to one of g_own_seconds
@@ -436,6 +440,114 @@ bool image_inside_kernel(const memory::dims &x, const memory::dims &w, const mem
            p.pad_top + x[2] <= w[2] && 0 <= p.pad_left && p.pad_left + x[3] <= w[3] && x[2] * x[3] < w[2] * w[3];
 }
 
+// A float32 weight gradient of at most this many output pixels per image is one matrix product over
+// the batch (weight_gradient_product): ResNet's last stages at 32 px, 2x2 and 1x1 maps. oneDNN's
+// kernels have little to do per image there: on an AVX2 EPYC, batch 64, layer4's first 3x3 (2x2
+// maps to 1x1) took 9.8 ms at 3.4 GMAC/s and layer3's 3x3 of 2x2 maps 11.5 ms (oneDNN's own pick,
+// im2col and a small product per image); as one product 1.1 and 5.4 ms. At 4x4 maps they were even.
+constexpr int64_t kProductPixels = 4;
+
+bool weight_gradient_as_product(const memory::dims &y, const ConvParams &p, dt x_type, dt y_type) {
+    return !p.bf16 && x_type == dt::f32 && y_type == dt::f32 && p.groups == 1 && y[2] * y[3] <= kProductPixels;
+}
+
+// The input's patches unrolled (im2col) from NCHW: a row per output pixel of the batch, its columns in
+// OIHW's order (input channel, kernel row, kernel column), zeros where a tap falls in the padding.
+void unroll_patches(const float *x, float *rows, const memory::dims &x_dims, const memory::dims &w_dims,
+                    const memory::dims &y_dims, const memory::dims &strides, const memory::dims &dilation,
+                    const memory::dims &pad_l) {
+    Timed timed(kWeightGradientPatches);
+    const int64_t channels = x_dims[1], height = x_dims[2], width = x_dims[3], kh = w_dims[2], kw = w_dims[3];
+    const int64_t out_h = y_dims[2], out_w = y_dims[3], pixels = out_h * out_w, count = y_dims[0] * pixels;
+    const int64_t columns = channels * kh * kw;
+#pragma omp parallel for if (count * columns > kOneThreadElements)
+    for (int64_t r = 0; r < count; ++r) {
+        const int64_t n = r / pixels, oy = r % pixels / out_w, ox = r % out_w;
+        float *out = rows + r * columns;
+        for (int64_t c = 0; c < channels; ++c) {
+            const float *plane = x + (n * channels + c) * height * width;
+            for (int64_t ky = 0; ky < kh; ++ky) {
+                const int64_t iy = oy * strides[0] - pad_l[0] + ky * (dilation[0] + 1);
+                for (int64_t kx = 0; kx < kw; ++kx) {
+                    const int64_t ix = ox * strides[1] - pad_l[1] + kx * (dilation[1] + 1);
+                    *out++ = 0 <= iy && iy < height && 0 <= ix && ix < width ? plane[iy * width + ix] : 0.f;
+                }
+            }
+        }
+    }
+}
+
+// The product's taps (image_inside_kernel: those that meet the image, `taps` of the whole kernel
+// `w_dims` at `at`) into the whole OIHW buffer, the other taps zero: one write of the buffer.
+void place_taps(const float *product, float *whole, const memory::dims &w_dims, const memory::dims &taps,
+                const memory::dims &at) {
+    Timed timed(kWeightGradientCopies);
+    const int64_t pairs = w_dims[0] * w_dims[1], kh = w_dims[2], kw = w_dims[3], th = taps[2], tw = taps[3];
+#pragma omp parallel for if (pairs * kh * kw > kOneThreadElements)
+    for (int64_t i = 0; i < pairs; ++i) {
+        float *kernel = whole + i * kh * kw;
+        std::memset(kernel, 0, kh * kw * sizeof(float));
+        for (int64_t y = 0; y < th; ++y)
+            for (int64_t x = 0; x < tw; ++x) kernel[(at[0] + y) * kw + at[1] + x] = product[(i * th + y) * tw + x];
+    }
+}
+
+// dW[O, I*KH*KW] = dY[N*OH*OW, O]^T x patches[N*OH*OW, I*KH*KW]: the output gradient as rows of
+// pixels (NHWC), the input's patches unrolled in OIHW's order, so the product is the OIHW gradient
+// itself. `w_conv`, strides and padding are the convolution as conv_plan runs it; with `inside`, its
+// taps go among zeros at `pad_at` of the whole kernel `w_dims` (place_taps).
+std::unique_ptr<Plan> weight_gradient_product(const memory::dims &x_dims, const memory::dims &w_dims,
+                                              const memory::dims &w_conv, const memory::dims &y_dims,
+                                              const memory::dims &strides, const memory::dims &dilation,
+                                              const memory::dims &pad_l, const memory::dims &pad_at,
+                                              const memory::desc &x_user, const memory::desc &y_user, bool inside) {
+    auto &engine = state().engine;
+    const int64_t out_channels = y_dims[1], rows = y_dims[0] * y_dims[2] * y_dims[3];
+    const int64_t columns = w_conv[1] * w_conv[2] * w_conv[3];
+    const auto x_plain = memory::desc(x_dims, dt::f32, tag::nchw), dy_rows = memory::desc(y_dims, dt::f32, tag::nhwc);
+    auto x_in = memory(x_user, engine, DNNL_MEMORY_NONE), dy_in = memory(y_user, engine, DNNL_MEMORY_NONE);
+    auto x_nchw = x_user == x_plain ? x_in : memory(x_plain, engine);
+    auto dy_nhwc = y_user == dy_rows ? dy_in : memory(dy_rows, engine);
+    auto patches = memory(memory::desc({rows, columns}, dt::f32, tag::ab), engine);
+    auto product_desc = memory::desc({out_channels, columns}, dt::f32, tag::ab);
+    auto product = inside ? memory(product_desc, engine) : memory(product_desc, engine, DNNL_MEMORY_NONE);
+    auto gradient = memory(memory::desc({out_channels, rows}, dt::f32, memory::dims{1, out_channels}), engine,
+                           DNNL_MEMORY_NONE);  // dY^T, over dY's NHWC rows
+    auto pd = dnnl::matmul::primitive_desc(engine, gradient.get_desc(), patches.get_desc(), product_desc,
+                                           user_scratchpad());
+    const auto x_reorder = x_nchw != x_in ? dnnl::reorder(x_in, x_nchw) : dnnl::reorder();
+    const auto dy_reorder = dy_nhwc != dy_in ? dnnl::reorder(dy_in, dy_nhwc) : dnnl::reorder();
+    auto plan = std::make_unique<Plan>();
+    plan->primitive = dnnl::matmul(pd);
+    plan->scratchpad = pd.scratchpad_desc();
+    Plan *self = plan.get();
+    plan->steps = [=](void **slots) mutable {
+        using namespace conv_backward_weights;
+        auto &s = state();
+        x_in.set_data_handle(slots[x]);
+        dy_in.set_data_handle(slots[dy]);
+        if (x_reorder) x_reorder.execute(s.stream, x_in, x_nchw);
+        if (dy_reorder) dy_reorder.execute(s.stream, dy_in, dy_nhwc);
+        s.stream.wait();
+        unroll_patches(static_cast<const float *>(x_nchw.get_data_handle()),
+                       static_cast<float *>(patches.get_data_handle()), x_dims, w_conv, y_dims, strides, dilation,
+                       pad_l);
+        gradient.set_data_handle(dy_nhwc.get_data_handle());
+        if (!inside) product.set_data_handle(slots[dw]);
+        std::unordered_map<int, memory> args{{DNNL_ARG_SRC, gradient}, {DNNL_ARG_WEIGHTS, patches},
+                                             {DNNL_ARG_DST, product}};
+        if (const size_t bytes = self->scratchpad.get_size())
+            args[DNNL_ARG_SCRATCHPAD] = memory(self->scratchpad, s.engine, scratchpad_of(s, bytes));
+        self->primitive.execute(s.stream, args);
+        if (inside) {
+            s.stream.wait();
+            place_taps(static_cast<const float *>(product.get_data_handle()), static_cast<float *>(slots[dw]),
+                       w_dims, w_conv, pad_at);
+        }
+    };
+    return plan;
+}
+
 std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const memory::dims &w_dims,
                                 const memory::dims &y_dims, const ConvParams &p, dt x_type, dt y_type) {
     auto &engine = state().engine;
@@ -450,6 +562,10 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
         w_conv = {w_dims[0], w_dims[1], x_dims[2], x_dims[3]};
     }
     const dt compute = p.bf16 ? dt::bf16 : dt::f32;
+    if (kind == kConvBackwardWeights && weight_gradient_as_product(y_dims, p, x_type, y_type))
+        return weight_gradient_product(x_dims, w_dims, w_conv, y_dims, strides, dilation, pad_l,
+                                       {p.pad_top, p.pad_left}, activation(x_dims, x_type, p.layout & 1),
+                                       activation(y_dims, y_type, p.layout & 2), inside);
     auto x_any = memory::desc(x_dims, compute, tag::any);
     auto y_any = memory::desc(y_dims, compute, tag::any);
     auto w_any = weights_desc(w_conv, p.groups, compute, tag::any);
@@ -666,6 +782,10 @@ memory kept_reorder(Operand &o, void *handle) {
 }
 
 void execute(Plan &plan, void **slots) {
+    if (plan.steps) {
+        plan.steps(slots);
+        return;
+    }
     auto &s = state();
     if (plan.prelude) execute(*plan.prelude, slots);
     std::unordered_map<int, memory> args = plan.owned;
