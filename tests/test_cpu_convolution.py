@@ -55,8 +55,8 @@ SHAPES = [
     dict(cin=16, cout=32, k=3, size=1), dict(cin=16, cout=16, k=3, pad_mode="same", size=1, bias=True),
     dict(cin=32, cout=16, k=3, stride=2, size=1), dict(cin=16, cout=16, k=5, dilation=2, size=1),
     dict(cin=32, cout=16, k=3, stride=2, size=2), dict(cin=16, cout=16, k=3, stride=2, pad_mode="same", size=2),
-    # at most 4 output pixels an image, whose weight gradient is one matrix product over the batch: 2x2
-    # maps (padded taps), strided 3x3 and 1x1 onto them, dilated taps that skip the image
+    # at most 4 output pixels an image, whose weight gradient is one matrix product over the batch under
+    # AVX2: 2x2 maps (padded taps), strided 3x3 and 1x1 onto them, dilated taps that skip the image
     dict(cin=16, cout=32, k=3, size=2), dict(cin=16, cout=32, k=3, stride=2, size=4),
     dict(cin=16, cout=32, k=1, stride=2, size=4), dict(cin=16, cout=16, k=3, dilation=2, size=2),
 ]
@@ -139,8 +139,8 @@ print(json.dumps({{"exit": int(code), "passed": Passed.count, "isa": library.isa
 @needs_library
 def test_the_gradients_equal_mindspores_under_avx2_too():
     """The shapes above on this CPU's other branch: under AVX2 oneDNN's weights come in 8x8 blocks
-    (16x16 under AVX-512), whose gradients leave through oneDNN's reorder but the 1x1 maps' ones,
-    which our loop copies out with the zeros of their other taps."""
+    (16x16 under AVX-512), whose gradients leave through oneDNN's reorder, and the weight gradients of
+    at most 4 output pixels an image are one matrix product over the batch (under AVX-512 oneDNN's)."""
     if "avx512f" not in cpu_flags():
         pytest.skip("this CPU has no AVX-512: the test above already ran its AVX2 branch")
     test = "tests/test_cpu_convolution.py::test_forward_and_both_gradients_equal_mindspores_at_float32_rounding"

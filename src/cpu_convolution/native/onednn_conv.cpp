@@ -445,10 +445,13 @@ bool image_inside_kernel(const memory::dims &x, const memory::dims &w, const mem
 // kernels have little to do per image there: on an AVX2 EPYC, batch 64, layer4's first 3x3 (2x2
 // maps to 1x1) took 9.8 ms at 3.4 GMAC/s and layer3's 3x3 of 2x2 maps 11.5 ms (oneDNN's own pick,
 // im2col and a small product per image); as one product 1.1 and 5.4 ms. At 4x4 maps they were even.
+// Measured where oneDNN blocks float32 by 8 channels (AVX2) alone: its AVX-512 kernels (16) keep
+// their own weight gradients (layer3's at 32 px ran at ~45% of that CPU's peak on an Intel Xeon).
 constexpr int64_t kProductPixels = 4;
 
 bool weight_gradient_as_product(const memory::dims &y, const ConvParams &p, dt x_type, dt y_type) {
-    return !p.bf16 && x_type == dt::f32 && y_type == dt::f32 && p.groups == 1 && y[2] * y[3] <= kProductPixels;
+    return !p.bf16 && x_type == dt::f32 && y_type == dt::f32 && p.groups == 1 && y[2] * y[3] <= kProductPixels &&
+           state().f32_layout == tag::aBcd8b;
 }
 
 // The input's patches unrolled (im2col) from NCHW: a row per output pixel of the batch, its columns in
