@@ -194,7 +194,8 @@ def convolution_passes(lines: List[str]) -> Dict[str, Dict[str, float]]:
     """oneDNN's profiled convolutions by pass of the training step (CONVOLUTION_PASSES): each one's
     milliseconds, billions of multiply-accumulates and GMAC/s. Which pass falls short of the CPU's
     peak says where a step's convolutions could still gain. (The weight gradients of small maps that
-    our layers compute as matrix products are 'matrix products' of the breakdown, not here.)"""
+    our layers compute as matrix products are among the breakdown's 'matrix products', with the
+    head's, not here.)"""
     passes: Dict[str, List[float]] = {}
     for kind, propagation, problem, milliseconds in _executions(lines):
         if kind == "convolution" and propagation in CONVOLUTION_PASSES:
