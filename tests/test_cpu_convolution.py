@@ -59,6 +59,11 @@ SHAPES = [
     # AVX2: 2x2 maps (padded taps), strided 3x3 and 1x1 onto them, dilated taps that skip the image
     dict(cin=16, cout=32, k=3, size=2), dict(cin=16, cout=32, k=3, stride=2, size=4),
     dict(cin=16, cout=32, k=1, stride=2, size=4), dict(cin=16, cout=16, k=3, dilation=2, size=2),
+    # every output pixel's window holding the whole image, a batch of 32 or more: one dense matrix per
+    # layer under AVX2 (3x3 of 2x2 maps, strided onto 1x1, 'same' padding at stride 2, 3 channels)
+    dict(cin=16, cout=32, k=3, size=2, batch=32), dict(cin=32, cout=16, k=3, stride=2, size=2, batch=32),
+    dict(cin=16, cout=16, k=3, stride=2, pad_mode="same", size=2, batch=40),
+    dict(cin=3, cout=16, k=3, size=2, batch=32),
 ]
 
 
@@ -101,16 +106,19 @@ def relative(a, b):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
 def test_forward_and_both_gradients_equal_mindspores_at_float32_rounding(shape):
     shape = dict(shape)
-    size = shape.pop("size", 15)
+    size, batch = shape.pop("size", 15), shape.pop("batch", 2)
     theirs, ours = conv_pair(**shape)
     ours_net, theirs_net = Wrapped(ours), Wrapped(theirs)
     ours_net.first.weight.set_data(theirs_net.first.weight.data.copy())
     assert use_onednn_convolutions(ours_net, image_gradient=True) == 2
     rng = np.random.default_rng(0)
-    x = Tensor(rng.standard_normal((2, shape["cin"], size, size)).astype(np.float32))
+    x = Tensor(rng.standard_normal((batch, shape["cin"], size, size)).astype(np.float32))
     dy = Tensor(rng.standard_normal(theirs_net(x).shape).astype(np.float32))
     y_theirs, grads_theirs = values_and_gradients(theirs_net, x, dy)
+    dense_seconds = library.own_loop_seconds()["dense matrices"]
     y_ours, grads_ours = values_and_gradients(ours_net, x, dy)
+    dense = library.own_loop_seconds()["dense matrices"] > dense_seconds
+    assert dense == (batch >= 32 and library.blocked_layout("float32") == "nChw8c")
     assert y_ours.shape == y_theirs.shape
     assert relative(y_ours, y_theirs) < 1e-5
     assert len(grads_ours) == len(grads_theirs) == 2 + shape.get("bias", False)  # dx, dW (and the bias)
@@ -139,8 +147,9 @@ print(json.dumps({{"exit": int(code), "passed": Passed.count, "isa": library.isa
 @needs_library
 def test_the_gradients_equal_mindspores_under_avx2_too():
     """The shapes above on this CPU's other branch: under AVX2 oneDNN's weights come in 8x8 blocks
-    (16x16 under AVX-512), whose gradients leave through oneDNN's reorder, and the weight gradients of
-    at most 4 output pixels an image are one matrix product over the batch (under AVX-512 oneDNN's)."""
+    (16x16 under AVX-512), whose gradients leave through oneDNN's reorder, the weight gradients of at
+    most 4 output pixels an image are one matrix product over the batch, and layers whose every output
+    pixel sees the whole image one dense matrix from a batch of 32 (under AVX-512 oneDNN's, both)."""
     if "avx512f" not in cpu_flags():
         pytest.skip("this CPU has no AVX-512: the test above already ran its AVX2 branch")
     test = "tests/test_cpu_convolution.py::test_forward_and_both_gradients_equal_mindspores_at_float32_rounding"

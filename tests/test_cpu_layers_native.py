@@ -145,6 +145,50 @@ def test_grouped_and_dilated_convolutions_in_the_blocked_layout_equal_mindspores
                     weight_gradient(theirs, [theirs.weight]).asnumpy()) < 1e-5
 
 
+class AfterAConvolution(nn.Cell):
+    """A first convolution, then the one under test: MindSpore's, or ours with blocked tensors from
+    the first one's output on (the one under test blocked on both sides)."""
+
+    def __init__(self, first: nn.Conv2d, conv: nn.Conv2d, ours: bool):
+        super().__init__()
+        self.first, self.conv, self.ours = first, conv, ours
+        if ours:
+            _swap_convolution(first, bf16=False, input_gradient=False, layout=OUTPUT_BLOCKED, output_dtype="float32")
+            _swap_convolution(conv, bf16=False, input_gradient=True, layout=INPUT_BLOCKED | OUTPUT_BLOCKED,
+                              output_dtype="float32")
+            self.to_plain = to_plain_op("float32")
+
+    def construct(self, x):
+        y = self.conv(self.first(x))
+        return self.to_plain(y) if self.ours else y
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_dense_layer_in_the_blocked_layout_equals_mindspores(stride):
+    """3x3 convolutions of 2x2 maps at batch 32, every output pixel's window holding the whole image:
+    one dense matrix per layer under AVX2 (oneDNN's kernels under AVX-512), the first one's from the
+    plain input. The first layer's weight gradient passes through the second's input gradient."""
+    first_theirs, first_ours = convolution_pair(16, 32, padding=1)
+    theirs, ours = convolution_pair(32, 32, padding=1, stride=stride)
+    nets = AfterAConvolution(first_theirs, theirs, ours=False), AfterAConvolution(first_ours, ours, ours=True)
+    rng = np.random.default_rng(1)
+    x = Tensor(rng.standard_normal((32, 16, 2, 2)).astype(np.float32))
+    dy = Tensor(rng.standard_normal(nets[0](x).shape).astype(np.float32))
+
+    def values(net):
+        weights = [net.first.weight, net.conv.weight]
+        gradients = ms.grad(lambda images: (net(images) * dy).sum(), grad_position=None, weights=weights)(x)
+        return [net(x).asnumpy()] + [g.asnumpy() for g in gradients]
+
+    reference = values(nets[0])
+    dense_seconds = library.own_loop_seconds()["dense matrices"]
+    mine = values(nets[1])
+    assert (library.own_loop_seconds()["dense matrices"] > dense_seconds) == (library.blocked_layout("float32")
+                                                                              == "nChw8c")
+    for value, expected in zip(mine, reference):
+        assert relative(value, expected) < 1e-5
+
+
 BLOCKED_NETWORK = """
 import json, sys
 sys.path.insert(0, {repo!r})
