@@ -613,6 +613,18 @@ DenseLayer dense_layer_of(const memory::dims &x, const memory::dims &w, const me
 // i]), so that a row of the matrix is built, or read, in runs of a channel block: a row's columns
 // run (input block, pixel, channel within the block).
 
+// `step(c)` for each channel of a block; a block of 8 as a fixed count, which the compiler unrolls
+// into vector moves (as runs of `block` floats, a memmove call each for the copies, building layer3's
+// matrix took 0.55 ms and summing its gradient 0.70; so, 0.36 and 0.38).
+template <typename Step>
+inline void each_in_block(int64_t block, Step step) {
+    if (block == 8) {
+        for (int c = 0; c < 8; ++c) step(c);
+    } else {
+        for (int64_t c = 0; c < block; ++c) step(c);
+    }
+}
+
 // The weights (OIHW) spread into the dense matrix.
 void spread_weights(const DenseLayer &d, const float *w, float *dense) {
     Timed timed(kDenseMatrices);
@@ -629,8 +641,10 @@ void spread_weights(const DenseLayer &d, const float *w, float *dense) {
                 float *row = dense + d.row(o, out) * columns;
                 const int64_t *tap = d.taps.data() + out * d.in_pixels;
                 for (int64_t ib = 0; ib < in; ib += block)
-                    for (int64_t q = 0; q < d.in_pixels; ++q, row += block)
-                        std::copy_n(by_tap.data() + tap[q] * in + ib, block, row);
+                    for (int64_t q = 0; q < d.in_pixels; ++q, row += block) {
+                        const float *from = by_tap.data() + tap[q] * in + ib;
+                        each_in_block(block, [&](int64_t c) { row[c] = from[c]; });
+                    }
             }
         }
     }
@@ -653,7 +667,7 @@ void gather_taps(const DenseLayer &d, const float *dense, float *dw) {
                 for (int64_t ib = 0; ib < in; ib += block)
                     for (int64_t q = 0; q < d.in_pixels; ++q, row += block) {
                         float *sums = by_tap.data() + tap[q] * in + ib;
-                        for (int64_t c = 0; c < block; ++c) sums[c] += row[c];
+                        each_in_block(block, [&](int64_t c) { sums[c] += row[c]; });
                     }
             }
             float *kernels = dw + o * in * taps;
