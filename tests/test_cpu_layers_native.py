@@ -10,7 +10,7 @@ import pytest
 from mindspore import Tensor, nn
 
 from conftest import PYTHON, REPO, last_json, run
-from src.cpu_convolution import library, unavailable_reason, use_onednn_layers
+from src.cpu_convolution import library, unavailable_reason, use_onednn_layers, weights_frozen
 from src.cpu_convolution.cells import (
     INPUT_BLOCKED,
     OUTPUT_BLOCKED,
@@ -187,6 +187,38 @@ def test_a_dense_layer_in_the_blocked_layout_equals_mindspores(stride):
                                                                               == "nChw8c")
     for value, expected in zip(mine, reference):
         assert relative(value, expected) < 1e-5
+
+
+def test_an_evaluation_builds_a_dense_layers_matrix_once_while_its_weights_are_frozen():
+    """Frozen (weights_frozen), an evaluation's dense layer keeps its matrix: the same outputs as
+    unfrozen, bit for bit, without building it again; thawing drops it, and weights set before the next
+    freeze are the ones used."""
+    _, first = convolution_pair(16, 32, padding=1)
+    _, ours = convolution_pair(32, 32, padding=1)
+    net = AfterAConvolution(first, ours, ours=True)
+    net.set_train(False)
+    x = Tensor(np.random.default_rng(2).standard_normal((32, 16, 2, 2)).astype(np.float32))
+    dense = library.blocked_layout("float32") == "nChw8c"
+
+    def built(call):
+        before = library.own_loop_seconds()["dense matrices"]
+        value = call().asnumpy()
+        return value, library.own_loop_seconds()["dense matrices"] > before
+
+    unfrozen, _ = built(lambda: net(x))
+    with weights_frozen(net):
+        first, built_first = built(lambda: net(x))
+        again, built_again = built(lambda: net(x))
+        assert (built_first, built_again) == (dense, False)
+        assert (library.kept_reorder_bytes() > 0) == dense
+        np.testing.assert_array_equal(first, unfrozen)
+        np.testing.assert_array_equal(again, unfrozen)
+    assert library.kept_reorder_bytes() == 0
+    ours.weight.set_data(Tensor(ours.weight.asnumpy() * 0.5))
+    halved, _ = built(lambda: net(x))
+    with weights_frozen(net):
+        np.testing.assert_array_equal(net(x).asnumpy(), halved)
+    assert not np.array_equal(halved, unfrozen)
 
 
 BLOCKED_NETWORK = """

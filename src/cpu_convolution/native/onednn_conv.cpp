@@ -181,7 +181,7 @@ struct Plan {
     memory::desc scratchpad;                // what the primitive asks of the shared scratchpad
     std::unique_ptr<Plan> prelude;          // run first (max pooling's backward: its forward, for the workspace)
     std::unique_ptr<Plan> postlude;         // run last (the residual addition after a normalization)
-    std::function<void(void **)> steps;     // our own steps instead (weight_gradient_product)
+    std::function<void(void **)> steps;     // our own steps instead (weight_gradient_product, dense_plan)
 };
 
 struct CachedPlan {
@@ -713,12 +713,36 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
     auto plan = std::make_unique<Plan>();
     plan->primitive = dnnl::matmul(pd);
     plan->scratchpad = pd.scratchpad_desc();
+    // An evaluation's forward keeps its matrix per weights tensor while they are frozen, as the other
+    // convolutions keep their weights' reorders (in the weights operand's `kept`, which freezing and
+    // thawing drop): built once per evaluation, not per batch.
+    const bool keeps = kind == kConvForward && p.inference;
+    if (keeps) {
+        plan->operands.push_back(Operand{DNNL_ARG_WEIGHTS, layer.slot, false, memory(), memory(), false, {}});
+        plan->operands.back().keeps_reorders = true;
+    }
     Plan *self = plan.get();
     const bool gradient = kind == kConvBackwardWeights;
     plan->steps = [=](void **slots) {
         auto &s = state();
-        float *dense = static_cast<float *>(grown(s.dense, s.dense_bytes, rows * columns * sizeof(float)));
-        if (!gradient) spread_weights(d, static_cast<const float *>(slots[layer.slot]), dense);
+        float *dense = nullptr;
+        if (keeps && g_frozen_version != 0) {
+            auto &kept = self->operands.front().kept;
+            auto found = kept.find(slots[layer.slot]);
+            if (found == kept.end()) {
+                auto matrix = std::make_pair(memory(layer.desc, s.engine), uint64_t{0});
+                found = kept.emplace(slots[layer.slot], std::move(matrix)).first;
+            }
+            auto &[matrix, version] = found->second;
+            dense = static_cast<float *>(matrix.get_data_handle());
+            if (version != g_frozen_version) {
+                spread_weights(d, static_cast<const float *>(slots[layer.slot]), dense);
+                version = g_frozen_version;
+            }
+        } else {
+            dense = static_cast<float *>(grown(s.dense, s.dense_bytes, rows * columns * sizeof(float)));
+            if (!gradient) spread_weights(d, static_cast<const float *>(slots[layer.slot]), dense);
+        }
         std::unordered_map<int, memory> args{{x.arg, memory(x.desc, s.engine, slots[x.slot])},
                                              {y.arg, memory(y.desc, s.engine, slots[y.slot])},
                                              {layer.arg, memory(layer.desc, s.engine, dense)}};
