@@ -111,6 +111,7 @@ def test_forward_and_both_gradients_equal_mindspores_at_float32_rounding(shape):
     ours_net, theirs_net = Wrapped(ours), Wrapped(theirs)
     ours_net.first.weight.set_data(theirs_net.first.weight.data.copy())
     assert use_onednn_convolutions(ours_net, image_gradient=True) == 2
+    ours_net.set_train()  # a training step's forward (a dense layer's hands its matrix to the backward)
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((batch, shape["cin"], size, size)).astype(np.float32))
     dy = Tensor(rng.standard_normal(theirs_net(x).shape).astype(np.float32))

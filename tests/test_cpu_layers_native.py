@@ -46,8 +46,12 @@ def test_the_library_and_python_define_the_same_records_and_slots():
     assert tuple(inspect.signature(_norm_backward_shape).parameters) == library.SLOTS["NormBackward"][:9]
 
 
-def _fixed_output_shape(x, w, params):
-    return [2, 16, 8, 8]
+def _fixed_output_shapes(x, w, params):
+    return [2, 16, 8, 8], [1]  # the output and the (unused) dense matrix
+
+
+def _float32_outputs(x, w, params):
+    return ms.float32, ms.float32
 
 
 GOOD = record("ConvParams", stride_h=1, stride_w=1, pad_top=1, pad_bottom=1, pad_left=1, pad_right=1, dilation_h=1,
@@ -62,10 +66,10 @@ GOOD = record("ConvParams", stride_h=1, stride_w=1, pad_top=1, pad_bottom=1, pad
 ], ids=["short-record", "rank", "stride-0", "record-type"])
 def test_bad_arguments_are_refused_in_one_line_naming_the_kernel_and_shapes(params, x_shape, problem):
     explain_native_errors_with(library.take_error)
-    forward = _aot("ConvForward", _fixed_output_shape, _of_input(0))
+    forward = _aot("ConvForward", _fixed_output_shapes, _float32_outputs)
     x = Tensor(np.ones(x_shape, np.float32))
     with pytest.raises(RuntimeError) as raised:
-        forward(x, Tensor(np.ones((16, 16, 3, 3), np.float32)), Tensor(params)).asnumpy()
+        forward(x, Tensor(np.ones((16, 16, 3, 3), np.float32)), Tensor(params))[0].asnumpy()
     message = user_error_message(raised.value)
     assert message.startswith("a CPU layer failed: ConvForward(x float32[") and problem in message
     assert "\n" not in message and library.take_error() == ""  # read once
@@ -164,13 +168,17 @@ class AfterAConvolution(nn.Cell):
 
 
 @pytest.mark.parametrize("stride", [1, 2])
-def test_a_dense_layer_in_the_blocked_layout_equals_mindspores(stride):
+@pytest.mark.parametrize("training", [True, False], ids=["training", "evaluation-mode"])
+def test_a_dense_layer_in_the_blocked_layout_equals_mindspores(stride, training):
     """3x3 convolutions of 2x2 maps at batch 32, every output pixel's window holding the whole image:
     one dense matrix per layer under AVX2 (oneDNN's kernels under AVX-512), the first one's from the
-    plain input. The first layer's weight gradient passes through the second's input gradient."""
+    plain input. The first layer's weight gradient passes through the second's input gradient. In
+    training the forward hands its matrix to the image gradient's kernel; through an evaluation-mode
+    forward that kernel builds its own."""
     first_theirs, first_ours = convolution_pair(16, 32, padding=1)
     theirs, ours = convolution_pair(32, 32, padding=1, stride=stride)
     nets = AfterAConvolution(first_theirs, theirs, ours=False), AfterAConvolution(first_ours, ours, ours=True)
+    nets[1].set_train(training)
     rng = np.random.default_rng(1)
     x = Tensor(rng.standard_normal((32, 16, 2, 2)).astype(np.float32))
     dy = Tensor(rng.standard_normal(nets[0](x).shape).astype(np.float32))

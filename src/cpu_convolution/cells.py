@@ -18,7 +18,7 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.ops import signature as sig
 
-from src.cpu_convolution.library import LIBRARY, RECORDS, channels_per_block
+from src.cpu_convolution.library import LIBRARY, RECORDS, channels_per_block, dense_matrix_elements
 
 INPUT_BLOCKED, OUTPUT_BLOCKED = 1, 2  # onednn_conv.cpp's ConvParams.layout bits
 
@@ -69,23 +69,34 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
                     output_dtype: str = "") -> ops.Custom:
     """The forward Custom op for one convolution's parameters, with its backward ops as bprop.
     `input_gradient` False: the input's gradient is zeros (the stem, whose input is the image).
-    `output_dtype`: the output's type (a mindspore.dtype name), else the input's."""
+    `output_dtype`: the output's type (a mindspore.dtype name), else the input's.
+    The op returns (output, matrix): where the layer runs as one dense matrix product (the library's
+    DenseMatrixElements), its training forward writes the matrix there and the bprop hands it to the
+    image gradient's kernel, which then does not build it again; else one unused float."""
     stride_h, stride_w, top, bottom, left, right, dilation_h, dilation_w = params[:8]
 
     def forward_shape(x, w, p):
         if top < 0:  # 'same'
-            return [x[0], w[0], -(-x[2] // stride_h), -(-x[3] // stride_w)]
-        return [x[0], w[0], _output_size(x[2], kernel[0], stride_h, top + bottom, dilation_h),
-                _output_size(x[3], kernel[1], stride_w, left + right, dilation_w)]
+            y = [x[0], w[0], -(-x[2] // stride_h), -(-x[3] // stride_w)]
+        else:
+            y = [x[0], w[0], _output_size(x[2], kernel[0], stride_h, top + bottom, dilation_h),
+                 _output_size(x[3], kernel[1], stride_w, left + right, dilation_w)]
+        return y, [max(dense_matrix_elements(x, w, y, params), 1)]
+
+    def forward_dtypes(x, w, p):
+        return (getattr(mstype, output_dtype) if output_dtype else x), mstype.float32
 
     backward_data = _aot("ConvBackwardData", _of_input(3), _of_input(3))
     backward_weights = _aot("ConvBackwardWeights", _of_input(3), _of_input(3))
 
     def bprop(x, w, p, out, dout):
-        dx = backward_data(dout, w, p, x) if input_gradient else ops.zeros_like(x)
-        return dx, backward_weights(x, dout, p, w), ops.zeros_like(p)
+        dy = dout[0]
+        dx = backward_data(dy, w, p, x, out[1]) if input_gradient else ops.zeros_like(x)
+        return dx, backward_weights(x, dy, p, w), ops.zeros_like(p)
 
-    return _aot("ConvForward", forward_shape, output_dtype or _of_input(0), bprop, shape_key=params[:8] + kernel)
+    forward = _aot("ConvForward", forward_shape, forward_dtypes, bprop, shape_key=params + kernel)
+    forward.add_prim_attr("output_dtype", output_dtype or "input")
+    return forward
 
 
 def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0,
@@ -114,11 +125,14 @@ class OneDnnConv2d(nn.Conv2d):
     evaluation mode the forward keeps the weights' reorder while they are frozen (library.freeze_weights)."""
 
     def construct(self, x):
-        params = self.onednn_params if self.training else self.onednn_inference_params
+        if self.training:
+            convolve, params = self.onednn, self.onednn_params
+        else:
+            convolve, params = self.onednn_inference, self.onednn_inference_params
         if self.onednn_blocked:
-            return self.onednn(x, self.weight, params)
+            return convolve(x, self.weight, params)[0]
         dtype = x.dtype
-        y = self.onednn(ops.cast(x, mstype.float32), ops.cast(self.weight, mstype.float32), params)
+        y = convolve(ops.cast(x, mstype.float32), ops.cast(self.weight, mstype.float32), params)[0]
         y = ops.cast(y, dtype)
         if self.has_bias:
             y = self.bias_add(y, self.bias)
@@ -128,9 +142,11 @@ class OneDnnConv2d(nn.Conv2d):
 def _swap_convolution(cell: nn.Conv2d, *, bf16: bool, input_gradient: bool, layout: int = 0,
                       output_dtype: str = "") -> None:
     params = convolution_params(cell, bf16, layout)
+    inference_params = convolution_params(cell, bf16, layout, inference=True)
     cell.onednn = convolution_ops(params, tuple(cell.kernel_size), input_gradient, output_dtype)
+    cell.onednn_inference = convolution_ops(inference_params, tuple(cell.kernel_size), input_gradient, output_dtype)
     cell.onednn_params = Tensor(np.array(params, np.int32))
-    cell.onednn_inference_params = Tensor(np.array(convolution_params(cell, bf16, layout, inference=True), np.int32))
+    cell.onednn_inference_params = Tensor(np.array(inference_params, np.int32))
     cell.onednn_blocked = bool(layout)
     cell.__class__ = OneDnnConv2d
 

@@ -3,7 +3,7 @@ the parameter records and argument slots it was built with."""
 import ctypes
 import functools
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from src.cpu import is_x86, machine
 
@@ -24,8 +24,8 @@ RECORDS: Dict[str, Tuple[str, ...]] = {
     "LsqParams": ("lower", "channel_axis"),
 }
 SLOTS: Dict[str, Tuple[str, ...]] = {
-    "ConvForward": ("x", "w", "params", "y"),
-    "ConvBackwardData": ("dy", "w", "params", "x_shape", "dx"),
+    "ConvForward": ("x", "w", "params", "y", "matrix"),
+    "ConvBackwardData": ("dy", "w", "params", "x_shape", "matrix", "dx"),
     "ConvBackwardWeights": ("x", "dy", "params", "w_shape", "dw"),
     "NormForward": ("x", "gamma", "beta", "mean", "variance", "params", "residual", "y", "batch_mean",
                     "batch_variance", "workspace"),
@@ -60,6 +60,8 @@ def load_library() -> ctypes.CDLL:
     library.ProbeConvolution.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_int, ctypes.c_int]
     library.PeakGmacs.argtypes = [ctypes.c_int]
     library.ScratchpadBytes.restype = library.KeptReorderBytes.restype = ctypes.c_int64
+    library.DenseMatrixElements.restype = ctypes.c_int64
+    library.DenseMatrixElements.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3 + [ctypes.POINTER(ctypes.c_int32)]
     library.FreezeWeights.restype = library.FrozenVersion.restype = ctypes.c_uint64
     library.OwnLoopSeconds.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     return library
@@ -168,6 +170,14 @@ def own_loop_seconds() -> Dict[str, float]:
     seconds = (ctypes.c_double * len(names))()
     library.OwnLoopSeconds(seconds, len(names))
     return dict(zip(names, seconds))
+
+
+def dense_matrix_elements(x: Sequence[int], w: Sequence[int], y: Sequence[int], params: Sequence[int]) -> int:
+    """How many floats a convolution's training forward (x, w -> y shapes, ConvParams `params`) hands
+    the backward of its image gradient: its dense matrix where it runs as one (3x3 layers of 2x2
+    maps at a batch of 32 or more, under AVX2's blocks), else 0."""
+    shape = ctypes.c_int64 * 4
+    return load_library().DenseMatrixElements(shape(*x), shape(*w), shape(*y), (ctypes.c_int32 * len(params))(*params))
 
 
 def plan_count() -> int:

@@ -94,8 +94,10 @@ struct LsqParams { LSQ_PARAMS(FLOAT_FIELD) };
 // in); the workspace is uint8, a byte per element of x, written by ReLU alone; the backward's
 // dresidual is dy masked by the ReLU for add_relu, otherwise zeros. Slots named `*_shape` are read
 // for their shape only. Max pooling's backward runs the forward first (for oneDNN's workspace).
-#define CONV_FORWARD_SLOTS(F) F(x) F(w) F(params) F(y)
-#define CONV_BACKWARD_DATA_SLOTS(F) F(dy) F(w) F(params) F(x_shape) F(dx)
+// A convolution's `matrix` is the dense layer's matrix (dense_plan) that a training forward writes
+// and hands the backward of its image gradient; one unused float for every other convolution.
+#define CONV_FORWARD_SLOTS(F) F(x) F(w) F(params) F(y) F(matrix)
+#define CONV_BACKWARD_DATA_SLOTS(F) F(dy) F(w) F(params) F(x_shape) F(matrix) F(dx)
 #define CONV_BACKWARD_WEIGHTS_SLOTS(F) F(x) F(dy) F(params) F(w_shape) F(dw)
 #define NORM_FORWARD_SLOTS(F) \
     F(x) F(gamma) F(beta) F(mean) F(variance) F(params) F(residual) F(y) F(batch_mean) F(batch_variance) F(workspace)
@@ -205,7 +207,7 @@ struct State {
     // largest any has asked for.
     std::unique_ptr<uint8_t, FreeDeleter> scratchpad;
     size_t scratchpad_bytes = 0;
-    // One dense layer matrix for every dense_plan (they too run one at a time), grown likewise.
+    // One dense layer matrix for the dense plans without a `matrix` slot (they too run one at a time), grown likewise.
     std::unique_ptr<uint8_t, FreeDeleter> dense;
     size_t dense_bytes = 0;
     // The layouts oneDNN's convolutions choose on this CPU, asked once (tag::undef: no such
@@ -683,7 +685,7 @@ void gather_taps(const DenseLayer &d, const float *dense, float *dw) {
 // D = dY^T X summed onto the taps.
 std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const memory::dims &w_dims,
                                  const memory::dims &y_dims, const ConvParams &p, const memory::desc &x_user,
-                                 const memory::desc &y_user) {
+                                 const memory::desc &y_user, int64_t matrix_elements) {
     auto block = [](const memory::desc &d) { return d.get_inner_nblks() ? d.get_inner_blks()[0] : int64_t{1}; };
     const DenseLayer d = dense_layer_of(x_dims, w_dims, y_dims, p, block(x_user), block(y_user));
     const int64_t images = x_dims[0], rows = d.rows(), columns = d.columns();
@@ -723,6 +725,12 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
     }
     Plan *self = plan.get();
     const bool gradient = kind == kConvBackwardWeights;
+    // A training forward writes its matrix into its `matrix` output, which the backward of the image
+    // gradient is given (cells.py's bprop): built once per step, not twice. The slot is used when it
+    // holds the whole matrix (cells.py sized it by DenseMatrixElements); else the shared buffer.
+    const bool in_slot = !keeps && !gradient && matrix_elements == rows * columns;
+    const int matrix_slot = kind == kConvForward ? int(conv_forward::matrix) : int(conv_backward_data::matrix);
+    const bool given = in_slot && kind == kConvBackwardData;  // built by the forward
     plan->steps = [=](void **slots) {
         auto &s = state();
         float *dense = nullptr;
@@ -740,8 +748,9 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
                 version = g_frozen_version;
             }
         } else {
-            dense = static_cast<float *>(grown(s.dense, s.dense_bytes, rows * columns * sizeof(float)));
-            if (!gradient) spread_weights(d, static_cast<const float *>(slots[layer.slot]), dense);
+            dense = in_slot ? static_cast<float *>(slots[matrix_slot])
+                            : static_cast<float *>(grown(s.dense, s.dense_bytes, rows * columns * sizeof(float)));
+            if (!gradient && !given) spread_weights(d, static_cast<const float *>(slots[layer.slot]), dense);
         }
         std::unordered_map<int, memory> args{{x.arg, memory(x.desc, s.engine, slots[x.slot])},
                                              {y.arg, memory(y.desc, s.engine, slots[y.slot])},
@@ -758,7 +767,8 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
 }
 
 std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const memory::dims &w_dims,
-                                const memory::dims &y_dims, const ConvParams &p, dt x_type, dt y_type) {
+                                const memory::dims &y_dims, const ConvParams &p, dt x_type, dt y_type,
+                                int64_t matrix_elements = 0) {
     auto &engine = state().engine;
     const bool inside = image_inside_kernel(x_dims, w_dims, y_dims, p);
     memory::dims strides{p.stride_h, p.stride_w};
@@ -773,7 +783,7 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
     const dt compute = p.bf16 ? dt::bf16 : dt::f32;
     if (as_dense_layer(x_dims, w_dims, y_dims, p, x_type, y_type))
         return dense_plan(kind, x_dims, w_dims, y_dims, p, activation(x_dims, x_type, p.layout & 1),
-                          activation(y_dims, y_type, p.layout & 2));
+                          activation(y_dims, y_type, p.layout & 2), matrix_elements);
     if (kind == kConvBackwardWeights && weight_gradient_as_product(y_dims, p, x_type, y_type))
         return weight_gradient_product(x_dims, w_dims, w_conv, y_dims, strides, dilation, pad_l,
                                        {p.pad_top, p.pad_left}, activation(x_dims, x_type, p.layout & 1),
@@ -1247,20 +1257,23 @@ std::unique_ptr<Plan> make_plan(Kind kind, int *ndims, int64_t **shapes, const c
         std::memcpy(&p, raw, sizeof(p));
         memory::dims x, w, y;
         int x_slot, y_slot;  // the x and y (or dx and dy) arguments, whose types the user descriptors take
+        int64_t matrix_elements = 0;
         if (kind == kConvForward) {
             x = dims_of(shapes[conv_forward::x], 4), w = dims_of(shapes[conv_forward::w], 4);
             y = dims_of(shapes[conv_forward::y], 4), x_slot = conv_forward::x, y_slot = conv_forward::y;
+            matrix_elements = element_count(ndims[conv_forward::matrix], shapes[conv_forward::matrix]);
         } else if (kind == kConvBackwardData) {
             x = dims_of(shapes[conv_backward_data::x_shape], 4), w = dims_of(shapes[conv_backward_data::w], 4);
             y = dims_of(shapes[conv_backward_data::dy], 4);
             x_slot = conv_backward_data::dx, y_slot = conv_backward_data::dy;
+            matrix_elements = element_count(ndims[conv_backward_data::matrix], shapes[conv_backward_data::matrix]);
         } else {
             x = dims_of(shapes[conv_backward_weights::x], 4), w = dims_of(shapes[conv_backward_weights::w_shape], 4);
             y = dims_of(shapes[conv_backward_weights::dy], 4);
             x_slot = conv_backward_weights::x, y_slot = conv_backward_weights::dy;
         }
         if (p.pad_top < 0) same_padding(p, x, w);
-        return conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]));
+        return conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]), matrix_elements);
     }
     if (is_norm(kind)) {
         NormParams p;
@@ -1793,8 +1806,8 @@ double probe_convolution(const memory::dims &x, int64_t out_channels, int64_t ke
     auto forward = conv_plan(kConvForward, x, w, y, p, type, type);
     auto backward_data = conv_plan(kConvBackwardData, x, w, y, p, type, type);
     auto backward_weights = conv_plan(kConvBackwardWeights, x, w, y, p, type, type);
-    void *forward_slots[] = {x_buffer.get(), w_buffer.get(), nullptr, y_buffer.get()};
-    void *data_slots[] = {y_buffer.get(), w_buffer.get(), nullptr, nullptr, dx_buffer.get()};
+    void *forward_slots[] = {x_buffer.get(), w_buffer.get(), nullptr, y_buffer.get(), nullptr};
+    void *data_slots[] = {y_buffer.get(), w_buffer.get(), nullptr, nullptr, nullptr, dx_buffer.get()};
     void *weights_slots[] = {x_buffer.get(), y_buffer.get(), nullptr, nullptr, dw_buffer.get()};
     auto &s = state();
     double best = 1e30;
@@ -1818,7 +1831,7 @@ double peak_gmacs(dt type) {
     auto x_buffer = zeroed(element_count(4, x.data()) * bytes), y_buffer = zeroed(element_count(4, y.data()) * bytes);
     auto w_buffer = zeroed(element_count(4, w.data()) * 4);
     auto forward = conv_plan(kConvForward, x, w, y, p, type, type);
-    void *slots[] = {x_buffer.get(), w_buffer.get(), nullptr, y_buffer.get()};
+    void *slots[] = {x_buffer.get(), w_buffer.get(), nullptr, y_buffer.get(), nullptr};
     auto &s = state();
     double best = 1e30;
     for (int r = 0; r <= 5; ++r) {
@@ -1957,6 +1970,18 @@ EXPORT void ThawWeights() {
     g_frozen_version = 0;
 }
 EXPORT uint64_t FrozenVersion() { return g_frozen_version; }
+
+// How many floats the training forward of a convolution (x, w -> y shapes, ConvParams `record`) writes
+// into its `matrix` output for the backward of its image gradient: the dense layer's matrix
+// (as_dense_layer), else 0. cells.py sizes that output by it.
+EXPORT int64_t DenseMatrixElements(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
+    ConvParams p;
+    std::memcpy(&p, record, sizeof(p));
+    memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
+    if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
+    if (p.inference || !as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32)) return 0;
+    return element_count(3, y + 1) * element_count(3, x + 1);
+}
 
 // The names of the layers' own loops (each followed by a comma), and their seconds since the library
 // loaded, into `seconds` (at most `capacity`); returns how many there are.
