@@ -18,7 +18,7 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.ops import signature as sig
 
-from src.cpu_convolution.library import LIBRARY, RECORDS, channels_per_block, dense_matrix_elements
+from src.cpu_convolution.library import LIBRARY, RECORDS, channels_per_block, weight_matrix_elements
 
 INPUT_BLOCKED, OUTPUT_BLOCKED = 1, 2  # onednn_conv.cpp's ConvParams.layout bits
 
@@ -70,9 +70,10 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
     """The forward Custom op for one convolution's parameters, with its backward ops as bprop.
     `input_gradient` False: the input's gradient is zeros (the stem, whose input is the image).
     `output_dtype`: the output's type (a mindspore.dtype name), else the input's.
-    The op returns (output, matrix): where the layer runs as one dense matrix product (the library's
-    DenseMatrixElements), its training forward writes the matrix there and the bprop hands it to the
-    image gradient's kernel, which then does not build it again; else one unused float."""
+    The op returns (output, matrix): where the layer runs as one dense matrix product, or its image
+    lies inside the kernel (the library's WeightMatrixElements), its training forward writes there
+    what it makes of the weights (the matrix, the taps that meet the image) and the bprop hands that
+    to the image gradient's kernel, which then does not make it again; else one unused float."""
     stride_h, stride_w, top, bottom, left, right, dilation_h, dilation_w = params[:8]
 
     def forward_shape(x, w, p):
@@ -81,7 +82,7 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
         else:
             y = [x[0], w[0], _output_size(x[2], kernel[0], stride_h, top + bottom, dilation_h),
                  _output_size(x[3], kernel[1], stride_w, left + right, dilation_w)]
-        return y, [max(dense_matrix_elements(x, w, y, params), 1)]
+        return y, [max(weight_matrix_elements(x, w, y, params), 1)]
 
     def forward_dtypes(x, w, p):
         return (getattr(mstype, output_dtype) if output_dtype else x), mstype.float32

@@ -60,8 +60,8 @@ def load_library() -> ctypes.CDLL:
     library.ProbeConvolution.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_int, ctypes.c_int]
     library.PeakGmacs.argtypes = [ctypes.c_int]
     library.ScratchpadBytes.restype = library.KeptReorderBytes.restype = ctypes.c_int64
-    library.DenseMatrixElements.restype = ctypes.c_int64
-    library.DenseMatrixElements.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3 + [ctypes.POINTER(ctypes.c_int32)]
+    library.WeightMatrixElements.restype = ctypes.c_int64
+    library.WeightMatrixElements.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3 + [ctypes.POINTER(ctypes.c_int32)]
     library.FreezeWeights.restype = library.FrozenVersion.restype = ctypes.c_uint64
     library.OwnLoopSeconds.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     return library
@@ -172,12 +172,13 @@ def own_loop_seconds() -> Dict[str, float]:
     return dict(zip(names, seconds))
 
 
-def dense_matrix_elements(x: Sequence[int], w: Sequence[int], y: Sequence[int], params: Sequence[int]) -> int:
+def weight_matrix_elements(x: Sequence[int], w: Sequence[int], y: Sequence[int], params: Sequence[int]) -> int:
     """How many floats a convolution's training forward (x, w -> y shapes, ConvParams `params`) hands
     the backward of its image gradient: its dense matrix where it runs as one (3x3 layers of 2x2
-    maps at a batch of 32 or more, under AVX2's blocks), else 0."""
+    maps at a batch of 32 or more, under AVX2's blocks), the kernel's taps that meet the image where
+    the image lies inside the kernel (3x3 layers of 1x1 maps), else 0."""
     shape = ctypes.c_int64 * 4
-    return load_library().DenseMatrixElements(shape(*x), shape(*w), shape(*y), (ctypes.c_int32 * len(params))(*params))
+    return load_library().WeightMatrixElements(shape(*x), shape(*w), shape(*y), (ctypes.c_int32 * len(params))(*params))
 
 
 def plan_count() -> int:

@@ -94,8 +94,9 @@ struct LsqParams { LSQ_PARAMS(FLOAT_FIELD) };
 // in); the workspace is uint8, a byte per element of x, written by ReLU alone; the backward's
 // dresidual is dy masked by the ReLU for add_relu, otherwise zeros. Slots named `*_shape` are read
 // for their shape only. Max pooling's backward runs the forward first (for oneDNN's workspace).
-// A convolution's `matrix` is the dense layer's matrix (dense_plan) that a training forward writes
-// and hands the backward of its image gradient; one unused float for every other convolution.
+// A convolution's `matrix` is what a training forward makes of the weights and hands the backward of
+// its image gradient: a dense layer's matrix (dense_plan), or the taps that meet an image inside the
+// kernel (image_inside_kernel) copied out of the OIHW buffer; one unused float for other convolutions.
 #define CONV_FORWARD_SLOTS(F) F(x) F(w) F(params) F(y) F(matrix)
 #define CONV_BACKWARD_DATA_SLOTS(F) F(dy) F(w) F(params) F(x_shape) F(matrix) F(dx)
 #define CONV_BACKWARD_WEIGHTS_SLOTS(F) F(x) F(dy) F(params) F(w_shape) F(dw)
@@ -795,6 +796,13 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
     auto y_user = activation(y_dims, y_type, p.layout & 2);
     auto w_user = weights_desc(w_dims, p.groups, dt::f32, tag::oihw);
     if (inside) w_user = w_user.submemory_desc(w_conv, {0, 0, p.pad_top, p.pad_left});  // those taps of the OIHW buffer
+    // Those taps are strided through the whole OIHW buffer (a ninth of it at 1x1 images), which the
+    // forward's and the image gradient's weight reorders each read. A training forward copies them out
+    // once, into its `matrix` output, and the image gradient's backward, handed that copy (cells.py's
+    // bprop), reorders from it.
+    const auto taps = weights_desc(w_conv, p.groups, dt::f32, tag::oihw);
+    const bool taps_handed = inside && !p.inference && kind != kConvBackwardWeights &&
+                             matrix_elements == element_count(4, w_conv.data());
     auto attr = user_scratchpad();
     // forward_training for evaluation too: for inference oneDNN chose kernels that want NHWC here (two
     // more reorders per layer; a ResNet18 32 px evaluation at batch 64 took longer)
@@ -806,8 +814,15 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
         plan->primitive = dnnl::convolution_forward(forward);
         using namespace conv_forward;
         plan->operands = {operand(DNNL_ARG_SRC, x, false, x_user, forward.src_desc()),
-                          operand(DNNL_ARG_WEIGHTS, w, false, w_user, forward.weights_desc()),
+                          taps_handed ? operand(DNNL_ARG_WEIGHTS, matrix, false, taps, forward.weights_desc())
+                                      : operand(DNNL_ARG_WEIGHTS, w, false, w_user, forward.weights_desc()),
                           operand(DNNL_ARG_DST, y, true, y_user, forward.dst_desc())};
+        if (taps_handed) {
+            plan->prelude = std::make_unique<Plan>();
+            plan->prelude->primitive = dnnl::reorder(memory(w_user, engine), memory(taps, engine));
+            plan->prelude->operands = {operand(DNNL_ARG_FROM, w, false, w_user, w_user),
+                                       operand(DNNL_ARG_TO, matrix, true, taps, taps)};
+        }
         plan->operands[1].keeps_reorders = p.inference && plan->operands[1].reorders;
         own_scratchpad(*plan, forward);
     } else if (kind == kConvBackwardData) {
@@ -817,7 +832,8 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
         plan->primitive = dnnl::convolution_backward_data(backward);
         using namespace conv_backward_data;
         plan->operands = {operand(DNNL_ARG_DIFF_DST, dy, false, y_user, backward.diff_dst_desc()),
-                          operand(DNNL_ARG_WEIGHTS, w, false, w_user, backward.weights_desc()),
+                          taps_handed ? operand(DNNL_ARG_WEIGHTS, matrix, false, taps, backward.weights_desc())
+                                      : operand(DNNL_ARG_WEIGHTS, w, false, w_user, backward.weights_desc()),
                           operand(DNNL_ARG_DIFF_SRC, dx, true, x_user, backward.diff_src_desc())};
         own_scratchpad(*plan, backward);
     } else {
@@ -1972,15 +1988,18 @@ EXPORT void ThawWeights() {
 EXPORT uint64_t FrozenVersion() { return g_frozen_version; }
 
 // How many floats the training forward of a convolution (x, w -> y shapes, ConvParams `record`) writes
-// into its `matrix` output for the backward of its image gradient: the dense layer's matrix
-// (as_dense_layer), else 0. cells.py sizes that output by it.
-EXPORT int64_t DenseMatrixElements(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
+// into its `matrix` output for the backward of its image gradient: a dense layer's matrix
+// (as_dense_layer, in float32), the taps that meet an image inside the kernel (image_inside_kernel),
+// else 0. cells.py sizes that output by it.
+EXPORT int64_t WeightMatrixElements(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
     ConvParams p;
     std::memcpy(&p, record, sizeof(p));
     memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
     if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
-    if (p.inference || !as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32)) return 0;
-    return element_count(3, y + 1) * element_count(3, x + 1);
+    if (p.inference) return 0;
+    if (as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32)) return element_count(3, y + 1) * element_count(3, x + 1);
+    if (image_inside_kernel(x_dims, w_dims, y_dims, p)) return w[0] * w[1] * x[2] * x[3];
+    return 0;
 }
 
 // The names of the layers' own loops (each followed by a comma), and their seconds since the library
