@@ -47,7 +47,7 @@ def test_the_library_and_python_define_the_same_records_and_slots():
 
 
 def _fixed_output_shapes(x, w, params):
-    return [2, 16, 8, 8], [1]  # the output and the (unused) dense matrix
+    return [2, 16, 8, 8], [1]  # the output and the (unused) matrix handed to the backward
 
 
 def _float32_outputs(x, w, params):

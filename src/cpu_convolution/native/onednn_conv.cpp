@@ -728,7 +728,7 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
     const bool gradient = kind == kConvBackwardWeights;
     // A training forward writes its matrix into its `matrix` output, which the backward of the image
     // gradient is given (cells.py's bprop): built once per step, not twice. The slot is used when it
-    // holds the whole matrix (cells.py sized it by DenseMatrixElements); else the shared buffer.
+    // holds the whole matrix (cells.py sizes it by WeightMatrixElements); else the shared buffer.
     const bool in_slot = !keeps && !gradient && matrix_elements == rows * columns;
     const int matrix_slot = kind == kConvForward ? int(conv_forward::matrix) : int(conv_backward_data::matrix);
     const bool given = in_slot && kind == kConvBackwardData;  // built by the forward
@@ -1997,7 +1997,8 @@ EXPORT int64_t WeightMatrixElements(const int64_t *x, const int64_t *w, const in
     memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
     if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
     if (p.inference) return 0;
-    if (as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32)) return element_count(3, y + 1) * element_count(3, x + 1);
+    if (as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32))
+        return element_count(3, y + 1) * element_count(3, x + 1);
     if (image_inside_kernel(x_dims, w_dims, y_dims, p)) return w[0] * w[1] * x[2] * x[3];
     return 0;
 }
