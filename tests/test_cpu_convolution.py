@@ -53,6 +53,7 @@ SHAPES = [
     # one output pixel whose window holds the whole image (a ResNet's last stage at 32 px: 1x1 maps,
     # and 2x2 ones under its first, strided, convolution): only those taps of the kernel meet it
     dict(cin=16, cout=32, k=3, size=1), dict(cin=16, cout=16, k=3, pad_mode="same", size=1, bias=True),
+    dict(cin=64, cout=64, k=3, group=32, size=1),  # ResNeXt's last stage at 32 px (grouped: the whole kernel)
     dict(cin=32, cout=16, k=3, stride=2, size=1), dict(cin=16, cout=16, k=5, dilation=2, size=1),
     dict(cin=32, cout=16, k=3, stride=2, size=2), dict(cin=16, cout=16, k=3, stride=2, pad_mode="same", size=2),
     # at most 4 output pixels an image, whose weight gradient is one matrix product over the batch under
