@@ -2,6 +2,8 @@
 MindSpore cell, one big batch, a NumPy clip, a NumPy EMA recurrence and a run without the
 overflowing batch. These run in PyNative mode, where they are cheapest; train.py compiles the same
 cell in GRAPH mode in tests/test_resume.py and tests/test_distributed.py."""
+import time
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from src.training.checkpoint import EMA_PREFIX
 from src.training.faults import DivergedError, DivergenceGuard
 from src.training.loss import create_loss
 from src.training.optimizer import create_optimizer
+from src.training.run_record import RunRecord
 from src.training.train_step import EmaSchedule, NetWithLoss, TrainStep, ema_schedule
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
@@ -306,3 +309,28 @@ def test_the_logged_lr_is_the_one_the_optimizer_applied_after_a_skipped_step(ini
         monitor.on_train_step_end(context)
     assert int(step.optimizer.global_step.asnumpy()[0]) == 2  # updates applied at steps 1 and 3
     assert [line.split(" lr ")[1].split()[0] for line in logged] == ["0.010000", "0.010000", "0.020000"]
+
+
+def test_an_epochs_first_logged_rate_leaves_out_the_evaluation_before_it(tmp_path):
+    """The img/s of an epoch's first window counts that epoch's steps alone: the evaluation and
+    checkpoints that ended the epoch before (here a 1.5 s pause) are not training time."""
+    record = RunRecord(str(tmp_path))
+    monitor = TrainMonitor(steps_per_epoch=2, total_steps=4, global_batch=4, lrs=[0.1] * 4, log_interval=1,
+                           log=lambda line: None, record=record)
+    loss = Tensor(np.float32(1.0))
+
+    def context(step: int) -> RunContext:
+        return RunContext(InternalCallbackParam(net_outputs=loss, cur_step_num=step, cur_epoch_num=(step + 1) // 2,
+                                                train_network=None))
+
+    monitor.on_train_begin(context(1))
+    for step in (1, 2, 3):
+        if step % 2:
+            monitor.on_train_epoch_begin(context(step))
+        monitor.on_train_step_end(context(step))
+        if step == 2:
+            monitor.on_train_epoch_end(context(step))
+            time.sleep(1.5)  # the epoch-end evaluation
+    first_of_epoch_2 = record.rows[-1]
+    assert int(first_of_epoch_2["step"]) == 3
+    assert float(first_of_epoch_2["img_per_s"]) > 8  # 4 images in under 0.5 s; counting the pause, under 2.7

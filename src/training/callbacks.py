@@ -135,7 +135,9 @@ class TrainMonitor(StepCounter):
         self.run_start = self.window_time = time.time()
 
     def on_train_epoch_begin(self, run_context) -> None:
-        self.epoch_start = time.time()
+        # The epoch's first window starts here: the last one ended before the epoch-end evaluation
+        # and checkpoints, whose time would read as a slow start of every epoch.
+        self.epoch_start = self.window_time = time.time()
         self.epoch_losses = []
         if self.clock:
             self.window_clock = self.epoch_clock = self.clock.totals()
