@@ -96,7 +96,8 @@ struct LsqParams { LSQ_PARAMS(FLOAT_FIELD) };
 // for their shape only. Max pooling's backward runs the forward first (for oneDNN's workspace).
 // A convolution's `matrix` is what a training forward makes of the weights and hands the backward of
 // its image gradient: a dense layer's matrix (dense_plan), or the taps that meet an image inside the
-// kernel (image_inside_kernel) copied out of the OIHW buffer; one unused float for other convolutions.
+// kernel (image_inside_kernel) copied out of the OIHW buffer; one unused float for other convolutions
+// (a dense layer's matrix that is the weights buffer itself included: matrix_is_weights).
 #define CONV_FORWARD_SLOTS(F) F(x) F(w) F(params) F(y) F(matrix)
 #define CONV_BACKWARD_DATA_SLOTS(F) F(dy) F(w) F(params) F(x_shape) F(matrix) F(dx)
 #define CONV_BACKWARD_WEIGHTS_SLOTS(F) F(x) F(dy) F(params) F(w_shape) F(dw)
@@ -573,8 +574,11 @@ std::unique_ptr<Plan> weight_gradient_product(const memory::dims &x_dims, const 
 // batch 64, 135 -> 125 at batch 32, even at batch 16 (whence the batch), and one image cannot pay
 // for the matrix. Where oneDNN blocks float32 by 16 (AVX-512) its kernels ran these layers at 20-40%
 // of an Intel Xeon's peak and the same product, tried there, was 2% faster at batch 64 and 4-8%
-// slower at 32: so under AVX2 alone. Images of one pixel stay on image_inside_kernel's path, which
-// is that product already.
+// slower at 32: so under AVX2 alone. Images of one pixel take this path too (a ResNet's last stage at
+// 32 px): a 3x3 kernel meets them by its centre tap alone, the only tap read or written here, and
+// oneDNN's 1x1 kernel, on image_inside_kernel's path, ran them at 16-17 GMAC/s. ResNet18's step at
+// 32 px on the EPYC, in turn: 142 -> 132 ms at batch 32, 226 -> 220 at 64; ResNet50's, batch 32,
+// 366-382 -> 347-370 ms.
 constexpr int64_t kDenseBatch = 32;
 
 bool as_dense_layer(const memory::dims &x, const memory::dims &w, const memory::dims &y, const ConvParams &p, dt x_type,
@@ -583,17 +587,25 @@ bool as_dense_layer(const memory::dims &x, const memory::dims &w, const memory::
         return 0 <= pad && size - 1 <= kernel - 1 - pad && (out - 1) * stride <= pad;
     };
     return !p.bf16 && x_type == dt::f32 && y_type == dt::f32 && p.groups == 1 && p.dilation_h == 1 &&
-           p.dilation_w == 1 && x[0] >= kDenseBatch && x[2] * x[3] > 1 &&
+           p.dilation_w == 1 && x[0] >= kDenseBatch &&
            covers(x[2], y[2], p.stride_h, p.pad_top, w[2]) && covers(x[3], y[3], p.stride_w, p.pad_left, w[3]) &&
            state().f32_layout == tag::aBcd8b;
 }
 
+// A 1x1 kernel over 1x1 images: its dense matrix [O, I] is the OIHW weights buffer itself (and its
+// gradient dW's), so the products read and write MindSpore's buffers, with nothing to build or sum.
+bool matrix_is_weights(const memory::dims &x, const memory::dims &w, const memory::dims &y) {
+    return w[2] * w[3] == 1 && x[2] * x[3] == 1 && y[2] * y[3] == 1;
+}
+
 // The dense layer's shape: a row per output value of an image, a column per input value, each in
-// its tensor's order (channels blocked by `*_block`, 1: plain NCHW); the tap of the kernel (ky * KW +
-// kx) that joins output pixel p and input pixel q.
+// its tensor's order (channels blocked by `*_block`, 1: plain NCHW); the kernel's taps (ky * KW + kx)
+// that join some output pixel to some input pixel, and which of them joins output pixel p and input
+// pixel q. Only those taps are read or written in between: at a 1x1 image, the centre one of nine.
 struct DenseLayer {
     int64_t in_channels, out_channels, in_pixels, out_pixels, kernel_taps, x_block, y_block;
-    std::vector<int64_t> taps;  // [p * in_pixels + q]
+    std::vector<int64_t> used;  // kernel taps, ascending
+    std::vector<int64_t> taps;  // [p * in_pixels + q]: an index into `used`
     int64_t rows() const { return out_channels * out_pixels; }
     int64_t columns() const { return in_channels * in_pixels; }
     int64_t row(int64_t o, int64_t p) const { return (o / y_block * out_pixels + p) * y_block + o % y_block; }
@@ -601,7 +613,7 @@ struct DenseLayer {
 
 DenseLayer dense_layer_of(const memory::dims &x, const memory::dims &w, const memory::dims &y, const ConvParams &p,
                           int64_t x_block, int64_t y_block) {
-    DenseLayer d{x[1], y[1], x[2] * x[3], y[2] * y[3], w[2] * w[3], x_block, y_block, {}};
+    DenseLayer d{x[1], y[1], x[2] * x[3], y[2] * y[3], w[2] * w[3], x_block, y_block, {}, {}};
     d.taps.resize(static_cast<size_t>(d.out_pixels * d.in_pixels));
     for (int64_t out = 0; out < d.out_pixels; ++out)
         for (int64_t in = 0; in < d.in_pixels; ++in) {
@@ -609,6 +621,10 @@ DenseLayer dense_layer_of(const memory::dims &x, const memory::dims &w, const me
             const int64_t kx = in % x[3] - out % y[3] * p.stride_w + p.pad_left;
             d.taps[out * d.in_pixels + in] = ky * w[3] + kx;  // as_dense_layer: within the kernel
         }
+    d.used = d.taps;
+    std::sort(d.used.begin(), d.used.end());
+    d.used.erase(std::unique(d.used.begin(), d.used.end()), d.used.end());
+    for (auto &tap : d.taps) tap = std::lower_bound(d.used.begin(), d.used.end(), tap) - d.used.begin();
     return d;
 }
 
@@ -633,14 +649,15 @@ inline void each_in_block(int64_t block, Step step) {
 void spread_weights(const DenseLayer &d, const float *w, float *dense) {
     Timed timed(kDenseMatrices);
     const int64_t columns = d.columns(), taps = d.kernel_taps, in = d.in_channels, block = d.x_block;
+    const int64_t used = static_cast<int64_t>(d.used.size());
 #pragma omp parallel if (d.rows() * columns > kOneThreadElements)
     {
-        std::vector<float> by_tap(static_cast<size_t>(taps * in));
+        std::vector<float> by_tap(static_cast<size_t>(used * in));
 #pragma omp for
         for (int64_t o = 0; o < d.out_channels; ++o) {
             const float *kernels = w + o * in * taps;
             for (int64_t i = 0; i < in; ++i)
-                for (int64_t t = 0; t < taps; ++t) by_tap[t * in + i] = kernels[i * taps + t];
+                for (int64_t u = 0; u < used; ++u) by_tap[u * in + i] = kernels[i * taps + d.used[u]];
             for (int64_t out = 0; out < d.out_pixels; ++out) {
                 float *row = dense + d.row(o, out) * columns;
                 const int64_t *tap = d.taps.data() + out * d.in_pixels;
@@ -654,14 +671,25 @@ void spread_weights(const DenseLayer &d, const float *w, float *dense) {
     }
 }
 
+// `count` floats copied with streaming stores: for a buffer read long after (the optimizer reads the
+// weight gradients at the step's end), past the caches and without reading its lines first. At a 1x1
+// image, eight of a 3x3 kernel's nine taps are zeros written this way.
+void stream_out(const float *from, float *to, int64_t count) {
+    int64_t i = 0;
+    for (; i < count && reinterpret_cast<uintptr_t>(to + i) % 16 != 0; ++i) to[i] = from[i];
+    for (; i + 4 <= count; i += 4) _mm_stream_ps(to + i, _mm_loadu_ps(from + i));
+    for (; i < count; ++i) to[i] = from[i];
+}
+
 // The dense matrix's gradient summed back onto the kernel's taps (OIHW), taps no pixel pair uses zero;
 // each kernel's sums in one order, whatever the threads.
 void gather_taps(const DenseLayer &d, const float *dense, float *dw) {
     Timed timed(kDenseMatrices);
     const int64_t columns = d.columns(), taps = d.kernel_taps, in = d.in_channels, block = d.x_block;
+    const int64_t used = static_cast<int64_t>(d.used.size());
 #pragma omp parallel if (d.rows() * columns > kOneThreadElements)
     {
-        std::vector<float> by_tap(static_cast<size_t>(taps * in));
+        std::vector<float> by_tap(static_cast<size_t>(used * in)), kernels(static_cast<size_t>(in * taps), 0.f);
 #pragma omp for
         for (int64_t o = 0; o < d.out_channels; ++o) {
             std::fill(by_tap.begin(), by_tap.end(), 0.f);
@@ -674,10 +702,11 @@ void gather_taps(const DenseLayer &d, const float *dense, float *dw) {
                         each_in_block(block, [&](int64_t c) { sums[c] += row[c]; });
                     }
             }
-            float *kernels = dw + o * in * taps;
             for (int64_t i = 0; i < in; ++i)
-                for (int64_t t = 0; t < taps; ++t) kernels[i * taps + t] = by_tap[t * in + i];
+                for (int64_t u = 0; u < used; ++u) kernels[i * taps + d.used[u]] = by_tap[u * in + i];
+            stream_out(kernels.data(), dw + o * in * taps, in * taps);
         }
+        _mm_sfence();  // this thread's streamed stores are visible before the kernel returns
     }
 }
 
@@ -719,7 +748,8 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
     // An evaluation's forward keeps its matrix per weights tensor while they are frozen, as the other
     // convolutions keep their weights' reorders (in the weights operand's `kept`, which freezing and
     // thawing drop): built once per evaluation, not per batch.
-    const bool keeps = kind == kConvForward && p.inference;
+    const bool itself = matrix_is_weights(x_dims, w_dims, y_dims);
+    const bool keeps = kind == kConvForward && p.inference && !itself;
     if (keeps) {
         plan->operands.push_back(Operand{DNNL_ARG_WEIGHTS, layer.slot, false, memory(), memory(), false, {}});
         plan->operands.back().keeps_reorders = true;
@@ -735,7 +765,9 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
     plan->steps = [=](void **slots) {
         auto &s = state();
         float *dense = nullptr;
-        if (keeps && g_frozen_version != 0) {
+        if (itself) {
+            dense = static_cast<float *>(slots[layer.slot]);
+        } else if (keeps && g_frozen_version != 0) {
             auto &kept = self->operands.front().kept;
             auto found = kept.find(slots[layer.slot]);
             if (found == kept.end()) {
@@ -759,7 +791,7 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
         if (const size_t bytes = self->scratchpad.get_size())
             args[DNNL_ARG_SCRATCHPAD] = memory(self->scratchpad, s.engine, scratchpad_of(s, bytes));
         self->primitive.execute(s.stream, args);
-        if (gradient) {
+        if (gradient && !itself) {
             s.stream.wait();
             gather_taps(d, dense, static_cast<float *>(slots[layer.slot]));
         }
@@ -1998,7 +2030,7 @@ EXPORT int64_t WeightMatrixElements(const int64_t *x, const int64_t *w, const in
     if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
     if (p.inference) return 0;
     if (as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32))
-        return element_count(3, y + 1) * element_count(3, x + 1);
+        return matrix_is_weights(x_dims, w_dims, y_dims) ? 0 : element_count(3, y + 1) * element_count(3, x + 1);
     if (image_inside_kernel(x_dims, w_dims, y_dims, p)) return w[0] * w[1] * x[2] * x[3];
     return 0;
 }
