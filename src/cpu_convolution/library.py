@@ -174,9 +174,10 @@ def own_loop_seconds() -> Dict[str, float]:
 
 def weight_matrix_elements(x: Sequence[int], w: Sequence[int], y: Sequence[int], params: Sequence[int]) -> int:
     """How many floats a convolution's training forward (x, w -> y shapes, ConvParams `params`) hands
-    the backward of its image gradient: its dense matrix where it runs as one (3x3 layers of 2x2
-    maps at a batch of 32 or more, under AVX2's blocks), the kernel's taps that meet the image where
-    the image lies inside the kernel (3x3 layers of 1x1 maps), else 0."""
+    the backward of its image gradient: its dense matrix where it runs as one (3x3 layers of 2x2 or
+    1x1 maps at a batch of 32 or more, under AVX2's blocks; not a 1x1 kernel over 1x1 maps, whose
+    matrix is the weights), the kernel's taps that meet the image where the image lies inside the
+    kernel at smaller batches (3x3 layers of 1x1 maps), else 0."""
     shape = ctypes.c_int64 * 4
     return load_library().WeightMatrixElements(shape(*x), shape(*w), shape(*y), (ctypes.c_int32 * len(params))(*params))
 
