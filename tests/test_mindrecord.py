@@ -23,6 +23,7 @@ from src.data.shards import CLASS_LIST, MANIFEST, MindRecordSource, read_header,
 from src.data.sources import ImageFolderSource
 from src.dataset import create_dataset, create_source
 from src.errors import UserInputError, user_error_message
+from src.files import TMP_PREFIX
 from src.training.checkpoint import read_checkpoint
 from test_faults import small_disk
 
@@ -97,6 +98,13 @@ def test_converting_again_leaves_a_finished_conversion_as_it_is(sample_root, sha
     assert {p.name: p.stat().st_mtime_ns for p in (shard_root / "imagenet" / "train").iterdir()} == before
 
 
+def done_markers(partial: Path) -> int:
+    """Shards marked done in `partial`: the markers themselves, not a marker's hidden temporary
+    (write_atomic's, renamed a moment later; pathlib's glob matches hidden names), which a Ctrl-C
+    before its rename removes."""
+    return len([p for p in partial.glob("*" + mindrecord.DONE) if not p.name.startswith(TMP_PREFIX)])
+
+
 def test_an_interrupted_conversion_never_looks_finished_and_goes_on_when_run_again(sample_root, tmp_path):
     """SIGINT after two of many one-worker shards: no manifest, nothing at --output; the second run
     keeps the shards done and ends with the records a straight conversion writes."""
@@ -106,14 +114,14 @@ def test_an_interrupted_conversion_never_looks_finished_and_goes_on_when_run_aga
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     deadline = time.time() + 120
-    while len(list(partial.glob("*.done"))) < 2:
+    while done_markers(partial) < 2:
         assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.02)
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr[-3000:]
     assert not output.exists() and not (partial / MANIFEST).exists()
-    done = len(list(partial.glob("*.done")))
+    done = done_markers(partial)
     assert 2 <= done < 100
     result = run(command)
     assert result.returncode == 0, result.stderr[-3000:]
