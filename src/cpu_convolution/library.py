@@ -52,7 +52,8 @@ SLOTS: Dict[str, Tuple[str, ...]] = {
 def load_library() -> ctypes.CDLL:
     """The library, loaded once per process (the same handle MindSpore's Custom ops get)."""
     library = ctypes.CDLL(LIBRARY)
-    for name in ("TakeError", "RecordFields", "KernelSlots", "BlockedLayout", "IsaCap", "OwnLoopNames"):
+    for name in ("TakeError", "RecordFields", "KernelSlots", "BlockedLayout", "IsaCap", "OwnLoopNames",
+                 "ConvolutionPath"):
         getattr(library, name).restype = ctypes.c_char_p
     for name in ("RecordFields", "KernelSlots", "BlockedLayout", "CapIsa"):
         getattr(library, name).argtypes = [ctypes.c_char_p]
@@ -62,6 +63,7 @@ def load_library() -> ctypes.CDLL:
     library.ScratchpadBytes.restype = library.KeptReorderBytes.restype = ctypes.c_int64
     library.WeightMatrixElements.restype = ctypes.c_int64
     library.WeightMatrixElements.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3 + [ctypes.POINTER(ctypes.c_int32)]
+    library.ConvolutionPath.argtypes = library.WeightMatrixElements.argtypes
     library.FreezeWeights.restype = library.FrozenVersion.restype = ctypes.c_uint64
     library.OwnLoopSeconds.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     return library
@@ -180,6 +182,17 @@ def weight_matrix_elements(x: Sequence[int], w: Sequence[int], y: Sequence[int],
     kernel at smaller batches (3x3 layers of 1x1 maps), else 0."""
     shape = ctypes.c_int64 * 4
     return load_library().WeightMatrixElements(shape(*x), shape(*w), shape(*y), (ctypes.c_int32 * len(params))(*params))
+
+
+def convolution_path(x: Sequence[int], w: Sequence[int], y: Sequence[int], params: Sequence[int]) -> str:
+    """How the library runs a convolution (x, w -> y shapes, ConvParams `params`) on this CPU under
+    its ISA cap: "dense" (one matrix product over a matrix built from the weights: 3x3 layers of 2x2
+    or 1x1 maps at a batch of 32 or more, float32, where the blocked layout is nChw8c), "dense on the
+    weights" (a 1x1 kernel over 1x1 maps: the weights are the matrix), "image inside kernel" (the taps
+    that meet the image, convolved) or "convolution"."""
+    shape = ctypes.c_int64 * 4
+    record = (ctypes.c_int32 * len(params))(*params)
+    return load_library().ConvolutionPath(shape(*x), shape(*w), shape(*y), record).decode()
 
 
 def plan_count() -> int:

@@ -2035,6 +2035,21 @@ EXPORT int64_t WeightMatrixElements(const int64_t *x, const int64_t *w, const in
     return 0;
 }
 
+// How the library runs a convolution (x, w -> y shapes, ConvParams `record`) on this CPU, under its ISA
+// cap: "dense" (as_dense_layer: one matrix product over a matrix built from the weights), "dense on the
+// weights" (matrix_is_weights: the weights are the matrix), "image inside kernel" (image_inside_kernel:
+// oneDNN convolves the taps that meet the image) or "convolution" (oneDNN's kernels).
+EXPORT const char *ConvolutionPath(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
+    ConvParams p;
+    std::memcpy(&p, record, sizeof(p));
+    memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
+    if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
+    const dt type = p.bf16 ? dt::bf16 : dt::f32;
+    if (as_dense_layer(x_dims, w_dims, y_dims, p, type, type))
+        return matrix_is_weights(x_dims, w_dims, y_dims) ? "dense on the weights" : "dense";
+    return image_inside_kernel(x_dims, w_dims, y_dims, p) ? "image inside kernel" : "convolution";
+}
+
 // The names of the layers' own loops (each followed by a comma), and their seconds since the library
 // loaded, into `seconds` (at most `capacity`); returns how many there are.
 EXPORT const char *OwnLoopNames() { return kOwnLoopNames; }
