@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Optional, Sequence, Tuple
 
-from src.compression import LSQ, PRUNE, SCOP, compression_convolutions
+from src.compression import LSQ, PRUNE, SCOP, compression_convolutions, mindspore_convolution_stages
 from src.config import Config, load_config, run_dir, save_config
 from src.data.image_decode import partial_decoder
 from src.dataset import create_eval_dataset, set_start_epoch
@@ -71,7 +71,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         device_id=launcher_device_id(cfg.device_id) if cfg.run_distribute else cfg.device_id,
         processes_per_node=local_ranks, amp_level=resolve_amp_level(cfg.amp_level, cfg.device_target),
         optimizer=cfg.optimizer, cpu_amp_dtype=cfg.cpu_amp_dtype,
-        probe_layers=probe_layers(cfg.net_name, cfg.train_image_size, cfg.batch_size))
+        probe_layers=probe_layers(cfg.net_name, cfg.train_image_size, cfg.batch_size),
+        mindspore_stages=mindspore_convolution_stages(cfg.compression, cfg.prune_criterion))
     rank, group_size = init_distributed(cfg.run_distribute, cfg.device_num)
     seed_everything(cfg.seed)
     folder = run_dir(cfg)

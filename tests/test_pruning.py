@@ -3,21 +3,24 @@ knockoff scores (Golden Stick's cells); a pruned checkpoint rebuilt from its own
 checkpoint pruned by SCOP and fine-tuned by train.py (standalone, relaunched from a mid-run
 checkpoint to the same weights, 2 ranks), evaluated by eval.py and exported by export.py (MINDIR,
 ONNX); and every checkpoint of the wrong kind one line, nothing written."""
+import os
 from pathlib import Path
 
 import mindspore as ms
 import numpy as np
 import pytest
 from test_compression import CONFIG, NET, RUN, TRAIN, train_two_ranks, weights
+from test_cpu_convolution import conv_implementations, our_conv_implementations
 
 from conftest import PYTHON, last_json, one_line_error, run, train_args
-from src.compression import check_checkpoint_compression
+from src.compression import check_checkpoint_compression, mindspore_convolution_stages
 from src.compression.prune import full_widths, kept_channels, prune_blocks, pruned_widths
 from src.compression.scop import knockoff_batch, knockoff_scores
 from src.config import load_config
 from src.cpu_convolution import use_onednn_layers
 from src.errors import UserInputError
 from src.resnet import create_model
+from src.runtime import caps_mindspore_isa
 from src.training.checkpoint import load_pretrained, network_from_checkpoint
 from src.training.factory import check_step_keys, create_ema_twin, prune
 from src.training.model_summary import model_summary
@@ -215,8 +218,12 @@ def pruned_run(tmp_path_factory, cifar_dir, float_ckpt):
     """Half an epoch of SCOP's knockoff stage, then one epoch of pruning fine-tuning (checkpoints at
     steps 6 and 12): its run folder and stdout."""
     out = tmp_path_factory.mktemp("prune")
+    # Without the suite's AVX2 cap, and with oneDNN's log of every primitive it runs: what the run
+    # itself caps (test_the_knockoff_stage_runs_mindspores_convolutions_capped_and_logs_its_steps).
+    env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
+    env["ONEDNN_VERBOSE"] = "1"
     result = run(train_args(TRAIN, cifar_dir, out, *PRUNE, *SCOP_RUN, "--pre_trained", str(float_ckpt),
-                            "--save_checkpoint_steps", "6"))
+                            "--save_checkpoint_steps", "6", "--log_interval", "4"), env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return out / RUN, result.stdout
 
@@ -246,6 +253,29 @@ def test_a_pruned_run_trains_evaluates_and_exports(pruned_run, cifar_dir, float_
         assert report["file_format"] == file_format
         assert Path(report["path"]).stat().st_size < 0.6 * float_ckpt.stat().st_size  # about half the float weights
     assert report["verified"] and report["max_abs_diff"] <= 1e-4 and report["top1_agreement"] == 1.0
+
+
+@pytest.mark.slow
+def test_the_knockoff_stage_runs_mindspores_convolutions_capped_and_logs_its_steps(pruned_run):
+    """SCOP's knockoff stage trains Golden Stick's cells on MindSpore's convolutions while the run's
+    layers are ours: the run caps MindSpore's oneDNN itself (uncapped, an AVX-512 CPU runs them in
+    oneDNN's reference kernel, 17x slower), and logs the stage's steps as training's."""
+    stdout = pruned_run[1]
+    theirs = conv_implementations(stdout, kernel="")
+    assert theirs and not [name for name in theirs if "ref" in name or "avx512" in name], theirs
+    assert our_conv_implementations(stdout)  # the fine-tune's
+    steps = [line.split()[2] for line in stdout.splitlines() if line.startswith("knockoff step ")]
+    assert steps == ["4/6", "6/6"]
+
+
+def test_mindspores_onednn_is_capped_wherever_its_convolutions_run():
+    """The decision on any host (on an AVX2-only CPU the cap changes no kernel, so the run above
+    cannot tell): capped for MindSpore's convolutions or a stage on them, uncapped for ours alone."""
+    stages = mindspore_convolution_stages("prune", "scop")
+    assert stages and not mindspore_convolution_stages("prune", "l1") + mindspore_convolution_stages("none", "scop")
+    assert caps_mindspore_isa("CPU", "mindspore") and caps_mindspore_isa("CPU", "onednn", stages)
+    assert not caps_mindspore_isa("CPU", "onednn") and not caps_mindspore_isa("CPU", "onednn-bf16")
+    assert not caps_mindspore_isa("Ascend", "mindspore", stages)
 
 
 @pytest.mark.slow

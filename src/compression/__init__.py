@@ -90,6 +90,14 @@ def compression_convolutions(compression: str, cpu_convolution: str, device_targ
                          f"nn.Conv2d cells; this repository's oneDNN layers are not used)")
 
 
+def mindspore_convolution_stages(compression: str, prune_criterion: str) -> Tuple[str, ...]:
+    """The stages of a run that train on MindSpore's convolutions whatever `cpu_convolution` says
+    (src.runtime.caps_mindspore_isa): SCOP's knockoff stage, whose Golden Stick cells wrap nn.Conv2d.
+    Named by configuration, not by whether a relaunch will skip the stage, so that a relaunched run
+    computes in the same kernels as the uninterrupted one."""
+    return ("SCOP's knockoff stage",) if compression == PRUNE and prune_criterion == SCOP else ()
+
+
 def quantizer_names(names: Iterable[str]) -> List[str]:
     """The names of a checkpoint that only a quantization-aware network has (fake-quantizer ranges)."""
     return [name for name in names if QUANTIZER_MARK in name]

@@ -15,7 +15,7 @@ host, the permutation a function of (seed, step) as every random choice of a run
 that cut the channels out fail on CPU (`Clone`), so the scores choose the channels that
 src/compression/prune.py removes (the inner channels of each block, in multiples of 16).
 """
-from typing import Dict, Iterable, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -33,11 +33,13 @@ def knockoff_batch(images: np.ndarray, labels: np.ndarray, *, seed: int, step: i
 
 
 def knockoff_scores(net: nn.Cell, batches: Iterable[Tuple[np.ndarray, np.ndarray]], lrs: np.ndarray, *,
-                    seed: int, momentum: float = 0.9) -> Dict[str, np.ndarray]:
+                    seed: int, momentum: float = 0.9,
+                    on_step: Optional[Callable[[int, int, Tensor, float], None]] = None) -> Dict[str, np.ndarray]:
     """Train `net`'s knockoff scales (Golden Stick's KfConv2d cells, put in place of its conv+BN
     pairs: `net` is consumed) on `batches`, one step per lr of `lrs` (Momentum, no weight decay, as
     Golden Stick's ResNet example), and return SCOP's score of every wrapped convolution's output
-    channels, |gamma| * (2 kfscale - 1), by the convolution's cell name (`layer1.0.conv1`)."""
+    channels, |gamma| * (2 kfscale - 1), by the convolution's cell name (`layer1.0.conv1`).
+    `on_step(step, images, loss, lr)` follows each step (from 1; images with their knockoffs)."""
     golden_stick("prune_criterion scop")
     from mindspore_gs.pruner.scop.scop_pruner import KfConv2d, PrunerKfCompressAlgo
 
@@ -53,6 +55,9 @@ def knockoff_scores(net: nn.Cell, batches: Iterable[Tuple[np.ndarray, np.ndarray
             train_step = nn.TrainOneStepCell(nn.WithLossCell(knockoff, loss), optimizer)
             train_step.set_train(True)
         doubled, doubled_labels = knockoff_batch(images, labels, seed=seed, step=step)
-        train_step(Tensor(doubled), Tensor(doubled_labels if labels.ndim > 1 else doubled_labels.astype(np.int32)))
+        value = train_step(Tensor(doubled), Tensor(doubled_labels if labels.ndim > 1
+                                                   else doubled_labels.astype(np.int32)))
+        if on_step:
+            on_step(step + 1, len(doubled), value, float(lrs[step]))
     return {name: np.abs(cell.bn.gamma.asnumpy()) * (2.0 * cell.kfscale.asnumpy().reshape(-1) - 1.0)
             for name, cell in knockoff.cells_and_names() if isinstance(cell, KfConv2d)}

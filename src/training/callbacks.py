@@ -67,6 +67,29 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
+class StageProgress:
+    """Progress lines, as training logs its steps, for a stage that trains before training starts
+    (SCOP's knockoff stage: the shipped recipes ask 90 epochs of it)."""
+
+    def __init__(self, name: str, total_steps: int, log_interval: int, log: Callable[[str], None]):
+        self.name, self.total_steps, self.log_interval, self.log = name, total_steps, max(1, log_interval), log
+        self.start = self.window_time = time.perf_counter()
+        self.window_images = 0
+
+    def __call__(self, step: int, images: int, loss: Tensor, lr: float) -> None:
+        """After step `step` (from 1) of `images` images ended with `loss`: a line every log_interval
+        steps and at the last (step, loss, lr, images a second, time left)."""
+        self.window_images += images
+        if step % self.log_interval and step != self.total_steps:
+            return
+        now = time.perf_counter()
+        rate = self.window_images / max(now - self.window_time, 1e-9)
+        left = (now - self.start) / step * (self.total_steps - step)
+        self.log(f"{self.name} step {step}/{self.total_steps} loss {float(loss.asnumpy()):.4f} lr {lr:.6f} "
+                 f"{rate:.1f} img/s eta {format_duration(left)}")
+        self.window_time, self.window_images = now, 0
+
+
 class StepCounter(Callback):
     """Base for callbacks that need the global step and the step within the epoch."""
 

@@ -20,6 +20,7 @@ from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_fin
 from src.dataset import create_train_input_stage
 from src.errors import UserInputError
 from src.resnet import create_model
+from src.training.callbacks import StageProgress
 from src.training.checkpoint import compressed, load_pretrained
 from src.training.data import data_recipe, iter_host_batches
 from src.training.distributed import check_fusion_points, fusion_split_points
@@ -131,7 +132,8 @@ def choose_channels_by_scop(cfg: Config, net: nn.Cell, *, rank: int, group_size:
     lrs = create_lr_schedule("cosine", lr_init=0.0, lr_max=cfg.knockoff_lr, lr_end=0.0, total_steps=steps)
     started = time.perf_counter()  # the float copies' loads below were logged by create_network already
     scores = knockoff_scores(float_network(cfg, log=lambda _: None),
-                             iter_host_batches(cfg, rank, group_size, first=0, count=steps), lrs, seed=cfg.seed)
+                             iter_host_batches(cfg, rank, group_size, first=0, count=steps), lrs, seed=cfg.seed,
+                             on_step=StageProgress("knockoff", steps, cfg.log_interval, log))
     chosen = float_network(cfg, log=lambda _: None)
     prune_blocks(chosen, cfg.prune_ratio, scores)
     values = {param.name: param for param in chosen.get_parameters()}
