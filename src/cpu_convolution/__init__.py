@@ -99,7 +99,8 @@ def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0
     if cpu_amp_dtype == "float32":
         return "onednn", f"{stays} (cpu_amp_dtype float32)"
     if channels_per_block("bfloat16") == 0:
-        missing = "this CPU has no bfloat16 convolutions (they need AVX512_BF16 or AMX)"
+        missing = ("this CPU has no bfloat16 convolutions (oneDNN offers them from AVX-512 on, natively with "
+                   "AVX512_BF16 or AMX)")
         if cpu_amp_dtype == "bfloat16":
             raise UserInputError(f"cpu_amp_dtype bfloat16 cannot run: {missing}; use cpu_amp_dtype auto or float32")
         return "onednn", f"{stays}: {missing}"
