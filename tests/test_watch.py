@@ -169,16 +169,20 @@ def test_pruning_keeps_the_steps_a_checkpoint_covers_and_cuts_a_half_written_eve
     board = Board(str(tmp_path))
     for step in range(1, 9):
         board.scalars(step, {"train/loss": 1.0 / step})
+        if step == 5:  # written after the checkpoint at step 5: a relaunch from it writes them again
+            board.text("profiler/top_operators", "| operator |", step)
+            board.image("report/confusion", np.zeros((4, 4, 3), np.uint8), step)
+            board.finished(step)
     board.close()
     (path,) = event_files(str(tmp_path / "tensorboard"))
     with open(path, "ab") as handle:  # a kill in the middle of writing an event
         handle.write(b"\x40\x00\x00\x00\x00\x00\x00\x00partial")
 
     def steps() -> list:
-        return [event.step for event in EventFileLoader(path).Load() if event.summary.value]
+        return [(event.step, value.tag) for event in EventFileLoader(path).Load() for value in event.summary.value]
 
-    assert prune_events(str(tmp_path / "tensorboard"), keep_through=5) == 3
-    assert steps() == [1, 2, 3, 4, 5]
+    assert prune_events(str(tmp_path / "tensorboard"), keep_through=5) == 6
+    assert steps() == [(step, "train/loss") for step in range(1, 6)]
     assert not any(p.name.startswith(".tmp") for p in (tmp_path / "tensorboard").iterdir())
     size = Path(path).stat().st_size
     assert prune_events(str(tmp_path / "tensorboard"), keep_through=5) == 0 and Path(path).stat().st_size == size

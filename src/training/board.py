@@ -45,9 +45,20 @@ def _event_records(path: str) -> Iterable[bytes]:
     return RawEventFileLoader(path).Load()  # stops quietly at a record a killed run left half-written
 
 
+def recorded_before_checkpoint(event, step: int) -> bool:
+    """Whether `event` was written before the checkpoint at global `step`: every event of an earlier
+    step, and the scalars of `step` itself (its training and evaluation rows). Its pictures and texts
+    come after that checkpoint (the profiler's table, the run's end: the report's pictures and the
+    session's end), and so does every later step."""
+    if event.step != step:
+        return event.step < step
+    return all(value.HasField("simple_value") for value in event.summary.value)
+
+
 def prune_events(folder: str, keep_through: Optional[int]) -> int:
-    """Before a relaunch appends to `folder`: drop every event after step `keep_through` (all
-    events when None, a run starting over), so the steps trained again are not recorded twice.
+    """Before a relaunch appends to `folder`: drop every event written after the checkpoint at step
+    `keep_through` (all events when None, a run starting over), so what is done again (the steps
+    trained again, the run's end) is not recorded twice.
     Each file is replaced through a temporary (without 'tfevents' in its name, so TensorBoard never
     reads it): a kill leaves every file whole, and pruning again changes nothing more. Returns the
     number of events dropped."""
@@ -61,7 +72,7 @@ def prune_events(folder: str, keep_through: Optional[int]) -> int:
             os.remove(path)
             continue
         records = list(_event_records(path))
-        kept = [record for record in records if Event.FromString(record).step <= keep_through]
+        kept = [record for record in records if recorded_before_checkpoint(Event.FromString(record), keep_through)]
         dropped += len(records) - len(kept)
         if len(kept) == len(records) and os.path.getsize(path) == _size_of(records):
             continue
@@ -88,7 +99,7 @@ class Board:
     """TensorBoard event files of one run, in `run_folder`/tensorboard/.
 
     A resumed run (`resume_step` = the checkpoint's step) first drops what the interrupted launch
-    recorded after that step, and a run starting over (`resume_step` None) drops everything, so
+    recorded after that checkpoint, and a run starting over (`resume_step` None) drops everything, so
     TensorBoard shows one continuous record. Events are written in the training's own thread and
     each call ends flushed to disk (a logged step's few events cost a write and an fsync): a
     TensorBoard watching the run sees every step as it is logged, a kill loses nothing a checkpoint
