@@ -12,6 +12,10 @@ from src.training.callbacks import StepCounter, loss_value
 from src.training.checkpoint import non_finite_parameters
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Tests kill a run where a scheduler's kill may land, but at a chosen moment rather than by racing a
+# clock: RESNET_KILL_AFTER_STEP=N SIGKILLs every rank once global step N's work is done (its
+# evaluation and checkpoint too, at an epoch end) and every rank got there.
+KILL_AFTER_STEP = "RESNET_KILL_AFTER_STEP"
 
 
 class DivergedError(UserInputError):
@@ -91,6 +95,12 @@ class DivergenceGuard(StepCounter):
         self.check_weights(run_context)
 
 
+def kill_if_asked(step: int) -> None:
+    """SIGKILL this process after global `step` when KILL_AFTER_STEP names it (a test's fault)."""
+    if os.environ.get(KILL_AFTER_STEP) == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def divergence_hints(*, clip_grad_norm: float, loss_scale_type: str) -> str:
     """What to try after a divergence, naming the config keys to change."""
     hints = ["a lower --lr_max", "more --warmup_epochs"]
@@ -107,7 +117,9 @@ class GracefulStop(StepCounter):
 
     `save(run_context, epoch, step)` saves the training state and returns the file (rank 0), or
     None; `agree(flag)` returns the sum of `flag` over all ranks, so every rank stops after the
-    same step; `barrier()` returns once every rank got there (rank 0's file is complete)."""
+    same step; `barrier()` returns once every rank got there (rank 0's file is complete). That
+    agreement, after the step's other callbacks on every rank, is also where a test's kill lands
+    (`kill_if_asked`)."""
 
     def __init__(self, *, steps_per_epoch: int, first_step: int, save: Callable, agree: Callable[[int], int],
                  barrier: Callable[[], None], finish: Callable[[], None], resume_hint: str,
@@ -145,10 +157,12 @@ class GracefulStop(StepCounter):
             return  # an epoch end: stop after its evaluation and checkpoint (on_train_epoch_end)
         if self._stop_requested():
             self._stop(run_context, step)
+        kill_if_asked(step)
 
     def on_train_epoch_end(self, run_context) -> None:
         if self._stop_requested():
             self._stop(run_context, self.global_step(run_context))
+        kill_if_asked(self.global_step(run_context))
 
     def _stop(self, run_context, step: int) -> None:
         path = self.save(run_context, run_context.original_args().cur_epoch_num, step)
