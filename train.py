@@ -50,7 +50,7 @@ from src.training.factory import (
     start_lsq_steps,
 )
 from src.training.faults import DivergedError, GracefulStop, TrainingStopped
-from src.training.loop import create_callbacks, replay_divergence, report_best, start_board, train_rest_of_epoch
+from src.training.loop import create_callbacks, end_run, replay_divergence, start_board, train_rest_of_epoch
 from src.training.model_summary import model_summary, parameter_bytes, summary_line
 from src.training.precision import resolve_amp_level
 from src.training.resume import check_fresh_run_folder, resume_checkpoint, resume_position
@@ -141,13 +141,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if start_epoch < cfg.epoch_size:
             model.train(cfg.epoch_size, dataset, callbacks=callbacks, dataset_sink_mode=cfg.dataset_sink_mode,
                         sink_size=cfg.sink_size if cfg.dataset_sink_mode else -1, initial_epoch=start_epoch)
-        if eval_dataset is not None:
-            monitor = next(callback for callback in callbacks if isinstance(callback, EvalMonitor))
-            report_best(cfg, net, eval_dataset, folder=folder, rank=rank, writer=writer, group_size=group_size,
-                        log=log, board=board, step=cfg.epoch_size * steps_per_epoch,
-                        evaluated=monitor.best_evaluation if group_size == 1 else None)
-        if board:
-            board.finished(cfg.epoch_size * steps_per_epoch)
+        monitor = next((callback for callback in callbacks if isinstance(callback, EvalMonitor)), None)
+        end_run(cfg, net, model, eval_dataset, folder=folder, rank=rank, writer=writer, group_size=group_size,
+                steps_per_epoch=steps_per_epoch, record=record, board=board, log=log,
+                evaluated=monitor.best_evaluation if monitor and group_size == 1 else None)
     except TrainingStopped as stopped:
         return stopped_exit_code(stopped.exit_code)
     except DivergedError as diverged:

@@ -69,8 +69,8 @@ def test_two_ranks_finish_with_identical_weights(runs):
     assert (launch_logs[0] / "worker_1.log").stat().st_size > 0
     # Only rank 0 writes into the run folder; rank 1 writes nothing but its own final state.
     assert sorted(p.name for p in folder.iterdir() if p.is_file()) == [
-        "config.yaml", "curves.png", "final_state_rank0.json", "final_state_rank1.json", "metrics.csv",
-        f"{NET}-1_{STEPS}.ckpt"]
+        "config.yaml", "curves.png", "final_state_rank0.json", "final_state_rank1.json", "finished.json",
+        "metrics.csv", f"{NET}-1_{STEPS}.ckpt"]
     steps = [row["step"] for row in read_metrics(folder)]
     assert steps == [str(s) for s in range(1, STEPS + 1)]  # sink mode on CPU still logs every step
 

@@ -359,27 +359,23 @@ class CheckpointSaver(StepCounter):
 
 class RecordPlotter(Callback):
     """Redraws the run record's curves after an epoch (after evaluation and saving) once
-    `every_seconds` have passed since the last drawing, and at the end of training. Drawing costs
-    ~0.15 s and loading matplotlib ~1 s: per epoch, that was most of a short epoch's time."""
+    `every_seconds` have passed since the last drawing (the run's end draws them last, in
+    src/training/loop.py's end_run). Drawing costs ~0.15 s and loading matplotlib ~1 s: per epoch,
+    that was most of a short epoch's time."""
 
     def __init__(self, record: RunRecord, every_seconds: float = PLOT_EVERY_SECONDS,
                  clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.record, self.every_seconds, self.clock = record, every_seconds, clock
         self.drawn_at = clock()
-        self.drawn_rows = -1
 
     def on_train_epoch_end(self, run_context) -> None:
         if self.clock() - self.drawn_at >= self.every_seconds:
             self.draw()
 
-    def on_train_end(self, run_context) -> None:
-        if self.drawn_rows != len(self.record.rows):
-            self.draw()
-
     def draw(self) -> None:
         self.record.plot()
-        self.drawn_at, self.drawn_rows = self.clock(), len(self.record.rows)
+        self.drawn_at = self.clock()
 
 
 def _fingerprint(params: Sequence[Parameter]) -> str:
@@ -389,31 +385,23 @@ def _fingerprint(params: Sequence[Parameter]) -> str:
     return digest.hexdigest()
 
 
-class FinalState(Callback):
-    """Writes final_state_rank<r>.json: the global step, a fingerprint of the trainable weights
+def write_final_state(net: nn.Cell, *, folder: str, rank: int, step: int,
+                      ema_params: Optional[Sequence[Parameter]] = None) -> None:
+    """Write final_state_rank<r>.json: the global step, a fingerprint of the trainable weights
     (and of their EMA, when `ema_params` are given) and one of the other parameters (BatchNorm
     moving statistics, QAT ranges, with their EMA), so the ranks of a data-parallel run can be
     compared without writing one checkpoint per rank. The ranks move the other parameters with their
     own batches and make them equal at every epoch end (src/training/rank_statistics.py), so after a
-    whole run both fingerprints agree across ranks."""
-
-    def __init__(self, *, net: nn.Cell, folder: str, rank: int, first_step: int = 0,
-                 ema_params: Optional[Sequence[Parameter]] = None):
-        super().__init__()
-        self.net, self.folder, self.rank, self.first_step = net, folder, rank, first_step
-        self.ema_params = ema_params
-
-    def on_train_end(self, run_context) -> None:
-        trainable = self.net.trainable_params()
-        state = {"rank": self.rank, "step": self.first_step + run_context.original_args().cur_step_num,
-                 "trainable_sha256": _fingerprint(trainable)}
-        others = [p for p in self.net.get_parameters() if not p.requires_grad]
-        if self.ema_params is not None:
-            averaged = {p.name: p for p in self.ema_params}
-            state["ema_sha256"] = _fingerprint([averaged[EMA_PREFIX + p.name] for p in trainable])
-            others += [averaged[EMA_PREFIX + p.name] for p in others]
-        state["statistics_sha256"] = _fingerprint(others)
-        write_atomic(os.path.join(self.folder, f"final_state_rank{self.rank}.json"), json.dumps(state) + "\n")
+    whole run both fingerprints agree across ranks, and equal those of the last checkpoint."""
+    trainable = net.trainable_params()
+    state = {"rank": rank, "step": step, "trainable_sha256": _fingerprint(trainable)}
+    others = [p for p in net.get_parameters() if not p.requires_grad]
+    if ema_params is not None:
+        averaged = {p.name: p for p in ema_params}
+        state["ema_sha256"] = _fingerprint([averaged[EMA_PREFIX + p.name] for p in trainable])
+        others += [averaged[EMA_PREFIX + p.name] for p in others]
+    state["statistics_sha256"] = _fingerprint(others)
+    write_atomic(os.path.join(folder, f"final_state_rank{rank}.json"), json.dumps(state) + "\n")
 
 
 class ProfilerMonitor(Callback):

@@ -1,7 +1,7 @@
-"""Around Model.train: the callbacks, a resumed epoch's rest, the best checkpoint's report, the
-replay of a diverged step and the TensorBoard start."""
+"""Around Model.train: the callbacks, a resumed epoch's rest, the run's end (the best checkpoint's
+report among it), the replay of a diverged step and the TensorBoard start."""
 import os
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore.train import Model
@@ -13,12 +13,12 @@ from src.training.board import Board, batch_picture, target_captions
 from src.training.callbacks import (
     CheckpointSaver,
     EvalMonitor,
-    FinalState,
     ProfilerMonitor,
     RecordPlotter,
     SaveSchedule,
     StepCounter,
     TrainMonitor,
+    write_final_state,
 )
 from src.training.checkpoint import BEST_NAME, load_into_network
 from src.training.data import create_train_dataset, first_batch, host_batches
@@ -29,7 +29,7 @@ from src.training.loss import loss_from_config
 from src.training.nonfinite import NonFinite, replay_micro_batches, write_replay
 from src.training.rank_statistics import RankStatistics, rank_statistics
 from src.training.report import class_names_for, evaluate_with_report, save_report
-from src.training.resume import best_top1, resume_command
+from src.training.resume import best_top1, mark_finished, resume_command
 from src.training.run_record import RunRecord
 from src.training.step_time import StepClock, input_bound_hints
 
@@ -80,7 +80,6 @@ def create_callbacks(cfg: Config, *, net, model: Model, folder: str, rank: int, 
         callbacks.append(ProfilerMonitor(folder=os.path.join(folder, "profiler", f"rank{rank}"),
                                          device_target=cfg.device_target, steps=cfg.profile_steps, clock=clock,
                                          board=board, log=log, first_step=first_step))
-    callbacks.append(FinalState(net=net, ema_params=ema_params, folder=folder, rank=rank, first_step=first_step))
     callbacks.append(graceful_stop(cfg, steps_per_epoch=steps_per_epoch, first_step=first_step, saver=saver,
                                    record=record, group_size=group_size, log=log, argv=argv, statistics=statistics))
     callbacks.append(clock.stop)
@@ -132,6 +131,34 @@ def train_rest_of_epoch(cfg: Config, model: Model, callbacks: list, *, rank: int
         if isinstance(callback, StepCounter):
             callback.first_step = (epoch + 1) * steps_per_epoch
     return epoch + 1
+
+
+def end_run(cfg: Config, net, model: Model, eval_dataset, *, folder: str, rank: int, writer: bool, group_size: int,
+            steps_per_epoch: int, record: Optional[RunRecord], board: Optional[Board], log,
+            evaluated: Optional[tuple] = None) -> List[str]:
+    """What a run does after its last checkpoint: each rank's final state, the last curves, the
+    report of best.ckpt (`evaluated`: see report_best), the end of the TensorBoard session, and last
+    finished.json, which tells a relaunch that nothing is left. The same after training and in a
+    relaunch of a run killed after its last checkpoint. Returns what was done, for the log."""
+    step = cfg.epoch_size * steps_per_epoch
+    write_final_state(net, folder=folder, rank=rank, step=step,
+                      ema_params=model.train_network.ema_params if cfg.model_ema else None)
+    done = ["the final state"]
+    if record and cfg.plot_curves:
+        record.plot()
+        done.append("the curves")
+    if eval_dataset is not None:  # before the session's end: the report's pictures go to TensorBoard too
+        report_best(cfg, net, eval_dataset, folder=folder, rank=rank, writer=writer, group_size=group_size,
+                    log=log, board=board, step=step, evaluated=evaluated)
+        done.append("the report of the best checkpoint" if writer else "its share of the report's evaluation")
+    if board:
+        board.finished(step)
+        done.append("the TensorBoard session")
+    if group_size > 1:  # a barrier: every rank's final state is written before the run is marked finished
+        all_reduce_sum(np.zeros(1))
+    if writer:
+        mark_finished(folder, step, cfg.epoch_size)
+    return done
 
 
 def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, writer: bool, group_size: int,

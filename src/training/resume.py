@@ -1,4 +1,6 @@
-"""Where a run continues from, and the checks that a run folder and checkpoint fit the run."""
+"""Where a run continues from, the checks that a run folder and checkpoint fit the run, and the
+mark of a run whose end is done."""
+import json
 import os
 import shlex
 from typing import Optional, Sequence, Tuple
@@ -7,6 +9,7 @@ from mindspore.train import Model
 
 from src.config import Config, read_yaml
 from src.errors import UserInputError
+from src.files import write_atomic
 from src.training.checkpoint import (
     find_latest,
     list_checkpoints,
@@ -18,6 +21,10 @@ from src.training.checkpoint import (
     training_position,
 )
 from src.training.factory import real_sink
+
+# Written last by a run's end (src/training/loop.py, end_run): a relaunch with --resume True that
+# finds it beside the last checkpoint has nothing left to do.
+FINISHED_NAME = "finished.json"
 
 
 def resume_checkpoint(cfg: Config, folder: str, steps_per_epoch: int, log) -> Optional[str]:
@@ -91,6 +98,11 @@ def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_si
                              f"complete; raise --epoch_size to train on")
     restore_training_state(model.train_network, params, path)
     return epochs_done, step
+
+
+def mark_finished(folder: str, step: int, epoch: int) -> None:
+    """Say in the run folder that the run's end (after its last checkpoint, at global `step`) is done."""
+    write_atomic(os.path.join(folder, FINISHED_NAME), json.dumps({"epoch": epoch, "step": step}) + "\n")
 
 
 def resume_command(cfg: Config, argv: Sequence[str]) -> str:
