@@ -53,7 +53,7 @@ from src.training.faults import DivergedError, GracefulStop, TrainingStopped
 from src.training.loop import create_callbacks, end_run, replay_divergence, start_board, train_rest_of_epoch
 from src.training.model_summary import model_summary, parameter_bytes, summary_line
 from src.training.precision import resolve_amp_level
-from src.training.resume import check_fresh_run_folder, resume_checkpoint, resume_position
+from src.training.resume import check_fresh_run_folder, resume_checkpoint, resume_position, run_finished
 from src.training.run_record import RunRecord
 from src.training.thor import THOR, create_thor_model
 
@@ -114,13 +114,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start_epoch = first_step = 0
     if resume_from:
         start_epoch, first_step = resume_position(resume_from, net, model, steps_per_epoch, cfg.epoch_size,
-                                                  mid_epoch=not real_sink(cfg))
+                                                  mid_epoch=not real_sink(cfg), relaunch=not cfg.resume_ckpt)
     if group_size > 1 and (cfg.resume or cfg.resume_ckpt):
         check_resume_agreement(all_gather_ints(first_step if resume_from else -1, rank, group_size),
                                local_ranks, folder)
+    complete = first_step == cfg.epoch_size * steps_per_epoch  # a relaunch found the last checkpoint
+    if complete and run_finished(folder, first_step, group_size):
+        log(f"resume: the run in {folder} is finished ({resume_from} is its last checkpoint, epoch "
+            f"{cfg.epoch_size} of {cfg.epoch_size}, and its end is done); nothing is left to do")
+        return 0
     set_start_epoch(dataset, start_epoch)
     record, board = open_run_folder(cfg, folder, dataset, resume_step=first_step if resume_from else None,
                                     rank=rank, group_size=group_size, log=log) if writer else (None, None)
+    if complete:  # killed after its last checkpoint: only its end is left
+        return finish_complete_run(cfg, net, model, eval_dataset, resume_from=resume_from, folder=folder, rank=rank,
+                                   writer=writer, group_size=group_size, steps_per_epoch=steps_per_epoch,
+                                   record=record, board=board, log=log)
     dataset.bad_samples.reset()
     callbacks = create_callbacks(cfg, net=net, model=model, folder=folder, rank=rank, writer=writer,
                                  group_size=group_size,
@@ -155,6 +164,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if board:
             board.close()
+    return 0
+
+
+def finish_complete_run(cfg: Config, net, model, eval_dataset, *, resume_from: str, folder: str, rank: int,
+                        writer: bool, group_size: int, steps_per_epoch: int, record: Optional[RunRecord],
+                        board: Optional[Board], log) -> int:
+    """A relaunch that finds the run's last checkpoint but not its end done (it was killed after that
+    checkpoint): the end alone, as the uninterrupted run does it, and no training step."""
+    try:
+        done = end_run(cfg, net, model, eval_dataset, folder=folder, rank=rank, writer=writer,
+                       group_size=group_size, steps_per_epoch=steps_per_epoch, record=record, board=board, log=log)
+    finally:
+        if board:
+            board.close()
+    log(f"resume: {resume_from} is the run's last checkpoint (epoch {cfg.epoch_size} of {cfg.epoch_size}): the "
+        f"run was complete; finished its end ({', '.join(done)}), no training step")
     return 0
 
 

@@ -5,6 +5,7 @@ import os
 import shlex
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
 from mindspore.train import Model
 
 from src.config import Config, read_yaml
@@ -20,6 +21,7 @@ from src.training.checkpoint import (
     restore_training_state,
     training_position,
 )
+from src.training.distributed import all_reduce_sum
 from src.training.factory import real_sink
 
 # Written last by a run's end (src/training/loop.py, end_run): a relaunch with --resume True that
@@ -78,8 +80,10 @@ def check_fresh_run_folder(folder: str, net_name: str) -> None:
 
 
 def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_size: int,
-                    mid_epoch: bool) -> Tuple[int, int]:
-    """Restore the whole training state from `path`; returns (epochs done, global step)."""
+                    mid_epoch: bool, relaunch: bool = False) -> Tuple[int, int]:
+    """Restore the whole training state from `path`; returns (epochs done, global step). A
+    `relaunch` (--resume True, which found `path` in the run folder) takes the run's last checkpoint
+    too: a run killed after it still has its end to do. Any other complete checkpoint is refused."""
     params = read_checkpoint(path)
     if network_params(params, path)[1]:
         raise UserInputError(f"checkpoint {path} has the model zoo's names: its optimizer state cannot be resumed "
@@ -93,7 +97,7 @@ def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_si
     if step != epochs_done * steps_per_epoch and not mid_epoch:
         raise UserInputError(f"checkpoint {path} is mid-epoch (step {step}); dataset_sink_mode can resume only "
                              f"from an epoch end: pass --dataset_sink_mode False, or an end-of-epoch checkpoint")
-    if epochs_done >= epoch_size:
+    if epochs_done >= epoch_size and not (relaunch and step == epoch_size * steps_per_epoch):
         raise UserInputError(f"checkpoint {path} is at epoch {epochs_done} of {epoch_size}: the run is "
                              f"complete; raise --epoch_size to train on")
     restore_training_state(model.train_network, params, path)
@@ -103,6 +107,27 @@ def resume_position(path: str, net, model: Model, steps_per_epoch: int, epoch_si
 def mark_finished(folder: str, step: int, epoch: int) -> None:
     """Say in the run folder that the run's end (after its last checkpoint, at global `step`) is done."""
     write_atomic(os.path.join(folder, FINISHED_NAME), json.dumps({"epoch": epoch, "step": step}) + "\n")
+
+
+def finished_here(folder: str, step: int) -> bool:
+    """Whether the run folder says its end after global `step` is done (an older mark, of a run whose
+    --epoch_size was raised since, does not count)."""
+    path = os.path.join(folder, FINISHED_NAME)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle).get("step") == step
+    except (OSError, ValueError, AttributeError):  # none yet, or not ours: the end is done again
+        return False
+
+
+def run_finished(folder: str, step: int, group_size: int) -> bool:
+    """Whether every rank finds the run finished after global `step`: with several ranks all of them
+    or none skip the end (its evaluation is collective); a rank that misses the mark (a kill before
+    node-local folders all got it) has them all do it again, which rewrites equal files."""
+    found = float(finished_here(folder, step))
+    if group_size > 1:
+        found = all_reduce_sum(np.array([found]))[0]
+    return found == group_size
 
 
 def resume_command(cfg: Config, argv: Sequence[str]) -> str:
