@@ -3,7 +3,12 @@ their EMA) are made equal before every evaluation and checkpoint (src/training/r
 so the in-training evaluation of best.ckpt is eval.py's, and a run resumed from a mid-epoch
 checkpoint ends with the uninterrupted run's weights and statistics on every rank."""
 import json
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -13,6 +18,7 @@ from netns import free_port
 from src.resnet import create_model
 from src.training.callbacks import SaveSchedule
 from src.training.checkpoint import EMA_PREFIX, read_checkpoint
+from src.training.faults import KILL_AFTER_STEP
 from src.training.rank_statistics import moving_statistics, quantizer_ranges, rank_statistics
 
 CONFIG = str(REPO / "config" / "sample_resnet18.yaml")
@@ -27,11 +33,16 @@ TRAIN = ["--config_path", CONFIG, "--net_name", NET, "--batch_size", "8", "--epo
          *NO_CURVES]
 
 
+def launch(cifar_dir: Path, out: Path, *extra: str, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    """TRAIN on 2 CPU ranks through the launcher."""
+    return run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers",
+                "2", "--device_target", "CPU", "--master_port", str(free_port()), "--output_dir", str(out),
+                *TRAIN[2:], *extra], env=env)
+
+
 def two_ranks(cifar_dir: Path, out: Path, *extra: str) -> Path:
     """TRAIN on 2 CPU ranks through the launcher; the run folder."""
-    launched = run(["bash", str(REPO / "scripts" / "run_distribute_train.sh"), str(cifar_dir), CONFIG, "--workers",
-                    "2", "--device_target", "CPU", "--master_port", str(free_port()), "--output_dir", str(out),
-                    *TRAIN[2:], *extra])
+    launched = launch(cifar_dir, out, *extra)
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
     return out / RUN
 
@@ -83,19 +94,59 @@ def test_the_in_training_evaluation_of_best_ckpt_is_eval_py_s(straight, cifar_di
         assert (straight / "report" / name).read_text() == (tmp_path / "report" / name).read_text(), name
 
 
+def run_files(folder: Path) -> dict:
+    """The run folder's files but the launcher's logs: relative path -> (mtime in ns, size)."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.relative_to(folder).parts[0] != "logs"}
+
+
+def newest_log(folder: Path, rank: int) -> str:
+    return (sorted((folder / "logs").iterdir())[-1] / f"worker_{rank}.log").read_text()
+
+
 @pytest.mark.slow
-def test_resumed_mid_epoch_ends_with_the_weights_and_statistics_of_the_uninterrupted_run(straight, cifar_dir,
-                                                                                          tmp_path):
-    """Resumed from the mid-epoch checkpoint at global step 17 (written right after the statistics
-    were made equal, as the uninterrupted run made them): every rank ends bit for bit as there, the
-    statistics included (before, rank 1 took rank 0's statistics from the checkpoint)."""
-    resumed = two_ranks(cifar_dir, tmp_path, "--resume_ckpt", str(straight / f"{NET}-2_5.ckpt"), "--run_eval", "False")
+def test_resumed_mid_epoch_killed_after_its_last_checkpoint_and_relaunched_ends_as_the_uninterrupted_run(
+        straight, cifar_dir, tmp_path):
+    """One command with --resume True, launched three times into a folder holding the uninterrupted
+    run's mid-epoch checkpoint at global step 17 (written right after the statistics were made
+    equal, as the uninterrupted run made them). The first resumes from it, and every rank is killed
+    right after the last checkpoint; the second does the run's end on every rank (its report's
+    evaluation is collective), which rank 0 alone writes, and exits 0; the third finds the run
+    finished and changes nothing. Every rank ends bit for bit as the uninterrupted run, statistics
+    included (before, rank 1 took rank 0's statistics from the checkpoint)."""
+    folder = tmp_path / RUN
+    folder.mkdir(parents=True)
+    shutil.copy(straight / f"{NET}-2_5.ckpt", folder)
+    # MS_NODE_TIMEOUT: msrun's scheduler waits this long (30 s by default) for the killed ranks
+    killed = launch(cifar_dir, tmp_path, "--resume", "True", env=dict(os.environ, MS_NODE_TIMEOUT="8",
+                                                                      **{KILL_AFTER_STEP: "24"}))
+    assert killed.returncode != 0 and "was killed by signal 9" in killed.stderr.strip().splitlines()[-1]
+    assert f"resumed from {folder / f'{NET}-2_5.ckpt'} at global step 17" in killed.stdout
+    assert (folder / f"{NET}-2_12.ckpt").exists() and not (folder / "finished.json").exists()
+
+    assert two_ranks(cifar_dir, tmp_path, "--resume", "True") == folder
+    logs = [newest_log(folder, rank) for rank in (0, 1)]
+    end = f"resume: {folder / f'{NET}-2_12.ckpt'} is the run's last checkpoint (epoch 2 of 2): the run was complete"
+    assert f"{end}; finished its end (the final state, the report of the best checkpoint), no training step" in logs[0]
+    assert (f"[rank 1] {end}; finished its end (the final state, its share of the report's evaluation), no "
+            f"training step") in logs[1]
+    assert not re.search(r"^(\[rank 1\] )?epoch \d+ step", logs[0] + logs[1], re.MULTILINE)  # no training step
+    assert "report of" in logs[0] and "report of" not in logs[1]  # rank 0 writes the run folder
+    assert set(run_files(folder)) == {
+        "best.ckpt", "config.yaml", "final_state_rank0.json", "final_state_rank1.json", "finished.json", "metrics.csv",
+        f"{NET}-2_5.ckpt", f"{NET}-2_10.ckpt", f"{NET}-2_12.ckpt", "report/confusion.csv", "report/per_class.csv"}
     expected = read_checkpoint(str(straight / f"{NET}-2_12.ckpt"))
-    got = read_checkpoint(str(resumed / f"{NET}-2_12.ckpt"))
+    got = read_checkpoint(str(folder / f"{NET}-2_12.ckpt"))
     assert expected.keys() == got.keys()
     differ = [name for name in expected if not np.array_equal(expected[name].asnumpy(), got[name].asnumpy())]
     assert differ == []
-    assert final_states(resumed) == final_states(straight)  # rank 1 too: its statistics are not in a checkpoint
+    assert final_states(folder) == final_states(straight)  # rank 1 too: its statistics are not in a checkpoint
+
+    before = run_files(folder)
+    assert two_ranks(cifar_dir, tmp_path, "--resume", "True") == folder
+    finished = f"the run in {folder} is finished ({folder / f'{NET}-2_12.ckpt'} is its last checkpoint, epoch 2 of 2"
+    assert all(finished in newest_log(folder, rank) for rank in (0, 1))
+    assert run_files(folder) == before  # only the launcher's own log folder is new
 
 
 def test_one_process_and_frozen_batch_norm_have_nothing_to_make_equal():

@@ -14,7 +14,10 @@ import pytest
 from PIL import Image
 
 from conftest import NO_CURVES, PYTHON, REPO, one_line_error, read_metrics, run, train_args, wait_for_step
+from src.config import read_yaml
+from src.training.board import event_files
 from src.training.checkpoint import EMA_PREFIX, list_checkpoints, network_part, read_checkpoint
+from src.training.faults import KILL_AFTER_STEP
 from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
@@ -36,6 +39,12 @@ RECIPE = ["--batch_size", "8", "--grad_accumulation_steps", "2", "--model_ema", 
           "--model_ema_steps", "5", "--clip_grad_norm", "1.0", "--loss_scale_type", "dynamic", "--loss_scale", "1024",
           "--auto_augment", "cifar10", "--random_erase", "0.25", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0",
           "--ra_reps", "2", "--use_label_smooth", "True"]
+
+
+# The uninterrupted run, and every launch compared with it: evaluation, its report and the curves
+# on, so a run's end (src/training/loop.py, end_run) has all its parts.
+STRAIGHT = ["--epoch_size", "3", *RECIPE, "--run_eval", "True", "--plot_curves", "True"]
+LAST_STEP = 36
 
 
 def step_losses(folder: Path) -> dict:
@@ -62,8 +71,7 @@ def kill_when(process: subprocess.Popen, path: Path, delay: float = 0.0, timeout
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, cifar_dir) -> Path:
     out = tmp_path_factory.mktemp("straight")
-    # curves.png on: checked below
-    result = run(train_args(TRAIN, cifar_dir, out, "--epoch_size", "3", *RECIPE, "--plot_curves", "True"))
+    result = run(train_args(TRAIN, cifar_dir, out, *STRAIGHT))
     assert result.returncode == 0, result.stderr[-3000:]
     return out / RUN
 
@@ -88,22 +96,34 @@ def test_eval_and_export_use_the_ema_weights_or_say_there_are_none(uninterrupted
     assert not list(tmp_path.glob("exported*"))
 
 
-def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, cifar_dir, tmp_path):
-    folder = tmp_path / RUN
-    process = subprocess.Popen(train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "3", *RECIPE), cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.fixture(scope="module")
+def relaunched(tmp_path_factory, cifar_dir) -> tuple:
+    """The uninterrupted run's command, stopped twice: by SIGTERM in epoch 2, then, relaunched with
+    --resume True, killed right after its last checkpoint (KILL_AFTER_STEP), and relaunched again,
+    which has only the run's end left. The run folder and the outputs of the three launches."""
+    out = tmp_path_factory.mktemp("relaunched")
+    folder = out / RUN
+    command = train_args(TRAIN, cifar_dir, out, *STRAIGHT)
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_step(folder, 16, process)
     process.send_signal(signal.SIGTERM)
-    stdout, _ = process.communicate(timeout=120)
-    assert process.returncode == 128 + signal.SIGTERM
-    (saved,) = folder.glob(f"{NET}-2_*.ckpt")  # mid-epoch 2, beside the end of epoch 1
+    stopped = subprocess.CompletedProcess(command, None, *process.communicate(timeout=120))
+    stopped.returncode = process.returncode
+    relaunch = command + ["--resume", "True"]
+    killed = run(relaunch, env=dict(os.environ, **{KILL_AFTER_STEP: str(LAST_STEP)}))
+    return folder, stopped, killed, run(relaunch)
+
+
+def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(relaunched, uninterrupted):
+    folder, stopped, resumed, _ = relaunched
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    (saved,) = set(folder.glob(f"{NET}-2_*.ckpt")) - {folder / f"{NET}-2_12.ckpt"}  # mid-epoch 2
     step = 12 + int(saved.stem.split("_")[1])
     assert 16 <= step < 24
-    assert f"stopped by SIGTERM after global step {step} (mid-epoch); saved {saved}" in stdout
-    assert "--resume True" in stdout.strip().splitlines()[-1]
+    assert f"stopped by SIGTERM after global step {step} (mid-epoch); saved {saved}" in stopped.stdout
+    assert "--resume True" in stopped.stdout.strip().splitlines()[-1]
 
-    resumed = run(train_args(TRAIN, cifar_dir, tmp_path, "--epoch_size", "3", "--resume", "True", *RECIPE))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == -signal.SIGKILL, resumed.stderr[-3000:]  # killed after its last checkpoint
     assert f"resumed from {saved} at global step {step}" in resumed.stdout
     expected, got = step_losses(uninterrupted), step_losses(folder)
     assert sorted(got) == list(range(1, 37))
@@ -113,10 +133,92 @@ def test_sigterm_mid_epoch_then_resume_equals_uninterrupted_run(uninterrupted, c
     assert max(float(np.abs(final_expected[k] - final_got[k]).max()) for k in final_expected) < 1e-5
 
 
+# What differs between two runs of one command besides the run folder: the clock.
+TIMING = ("img_per_s", "wall_time", "data_wait")
+
+
+def files(folder: Path) -> dict:
+    """Every file and folder under `folder` (relative path -> its modification time in ns and the
+    sha256 of its bytes, False for a folder)."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.is_file() and digest_of(p))
+            for p in sorted(folder.rglob("*"))}
+
+
+def digest_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def untimed_record(folder: Path) -> list:
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(folder)]
+
+
+def board_events(folder: Path) -> list:
+    """The run's TensorBoard record as sorted (step, tag, value): a scalar's value, or what another
+    summary holds (the report's pictures show the run folder's path, which differs); no timing."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboardX.proto.event_pb2 import Event
+    found = []
+    for path in event_files(str(folder / "tensorboard")):
+        for record in RawEventFileLoader(path).Load():
+            event = Event.FromString(record)
+            found += [(event.step, value.tag, value.simple_value if value.HasField("simple_value")
+                       else value.WhichOneof("value")) for value in event.summary.value
+                      if not value.tag.endswith(TIMING)]
+    return sorted(found, key=str)
+
+
+def test_a_relaunch_after_the_last_checkpoint_does_the_end_of_the_uninterrupted_run(relaunched, uninterrupted):
+    """No training step, one line, exit 0: the final state, the curves, the report of best.ckpt and
+    the end of the TensorBoard session, as the uninterrupted run wrote them (its clock aside)."""
+    folder, _, _, finished = relaunched
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lines = finished.stdout.strip().splitlines()
+    assert not [line for line in lines if line.startswith(("training ", "epoch "))]  # no step, no evaluation
+    last = lines[-1]
+    assert last == (f"resume: {folder / f'{NET}-3_12.ckpt'} is the run's last checkpoint (epoch 3 of 3): the run "
+                    f"was complete; finished its end (the final state, the curves, the report of the best "
+                    f"checkpoint, the TensorBoard session), no training step"), last
+    ours, theirs = files(folder), files(uninterrupted)
+    (stop,) = {name for name in ours if name.startswith(f"{NET}-2_") and name != f"{NET}-2_12.ckpt"}
+    assert {n for n in ours if "tensorboard/" not in n} - {stop} == {n for n in theirs if "tensorboard/" not in n}
+    same_bytes = [n for n in theirs if n.endswith((".ckpt", ".json", ".csv", "curves.png")) and n != "metrics.csv"]
+    assert len(same_bytes) == 9  # 3 epochs, best.ckpt, final state, finished.json, report/*.csv, curves.png
+    assert {n: ours[n][1] for n in same_bytes} == {n: theirs[n][1] for n in same_bytes}
+    assert untimed_record(folder) == untimed_record(uninterrupted)
+    config, straight_config = read_yaml(str(folder / "config.yaml")), read_yaml(str(uninterrupted / "config.yaml"))
+    assert {k: v for k, v in config.items() if k not in ("output_dir", "resume")} == \
+        {k: v for k, v in straight_config.items() if k not in ("output_dir", "resume")}
+    assert board_events(folder) == board_events(uninterrupted)
+
+
+def test_relaunching_a_finished_run_changes_nothing(relaunched, cifar_dir):
+    folder = relaunched[0]
+    before = files(folder)
+    again = run(train_args(TRAIN, cifar_dir, folder.parents[1], *STRAIGHT, "--resume", "True"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.strip().splitlines()[-1] == (
+        f"resume: the run in {folder} is finished ({folder / f'{NET}-3_12.ckpt'} is its last checkpoint, epoch 3 "
+        f"of 3, and its end is done); nothing is left to do")
+    assert files(folder) == before
+
+
+def test_a_complete_checkpoint_named_by_resume_ckpt_is_refused(uninterrupted, cifar_dir):
+    """--resume_ckpt may name another folder's checkpoint: one that ends the run is refused, as a new
+    run into a folder that holds one is (test_a_new_run_into_a_folder_that_holds_one_...)."""
+    before = files(uninterrupted)
+    final = uninterrupted / f"{NET}-3_12.ckpt"
+    named = run(train_args(TRAIN, cifar_dir, uninterrupted.parents[1], *STRAIGHT, "--resume_ckpt", str(final)))
+    assert one_line_error(named) == (f"error: checkpoint {final} is at epoch 3 of 3: the run is complete; raise "
+                                     f"--epoch_size to train on")
+    assert files(uninterrupted) == before
+
+
 def test_run_record_files_exist_and_parse(uninterrupted):
     rows = read_metrics(uninterrupted)
     assert list(rows[0]) == ["epoch", "step", "loss", "lr", "top_1", "top_5", "img_per_s", "wall_time",
                              "bad_samples", "ema_top_1", "ema_top_5", "data_wait", "loss_scale", "grad_norm", "ece"]
+    assert [int(r["step"]) for r in rows if r["top_1"]] == [12, 24, 36]
+    rows = [r for r in rows if not r["top_1"]]  # the training steps
     assert len(rows) == 36 and all(float(r["img_per_s"]) > 0 for r in rows)
     assert [float(r["wall_time"]) for r in rows] == sorted(float(r["wall_time"]) for r in rows)
     with Image.open(uninterrupted / "curves.png") as image:
