@@ -4,9 +4,12 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import locale
 import os
 import resource
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +31,8 @@ needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reas
 NO_CURVES = ["--plot_curves", "False"]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GLOG_v", "3")
+
+from warm_start import warm_unsafe_keys  # noqa: E402
 
 from src.data.sample_data import write_sample_data  # noqa: E402
 from src.device import prefer_fast_cpu_convolutions  # noqa: E402
@@ -119,8 +124,9 @@ _work: dict = {}  # test id -> its record
 
 
 def _cpu_seconds() -> float:
+    """This process's CPU seconds and its finished children's, warm-started runs included."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + _warm.cpu_s
 
 
 def _test_work(test: str) -> dict:
@@ -129,14 +135,14 @@ def _test_work(test: str) -> dict:
                                    "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
 
 
-def _count_run(args: List[str], cpu_s: float, returncode: int) -> None:
+def _count_run(args: List[str], cpu_s: float, returncode: int, warm: bool) -> None:
     test = os.environ.get("PYTEST_CURRENT_TEST", "")  # "<test id> (<phase>)"
     if test:
         work = _test_work(test.rsplit(" (", 1)[0])
         work["runs"] += 1
         work["trainings"] += any(str(arg).endswith(TRAINING_ENTRIES) for arg in args)
         work.setdefault("run_list", []).append({"entry": _entry_name(args), "cpu_s": round(cpu_s, 2),
-                                                "returncode": returncode})
+                                                "returncode": returncode, "warm": warm})
 
 
 def _entry_name(args: List[str]) -> str:
@@ -157,6 +163,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session):
+    _warm.close()
     path = os.environ.get(WORK)
     if path and _work:
         with open(path, "a", encoding="utf-8") as handle:
@@ -226,14 +233,109 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
         env: Optional[dict] = None) -> subprocess.CompletedProcess:
     """Run a command of the project (python scripts or bash launchers) and capture its output.
 
-    `env` replaces the inherited environment when given."""
+    `env` replaces the inherited environment when given. A Python run starts from the warm process
+    (tests/warm_start.py: a fork that has MindSpore imported) where nothing it changes is read before
+    the fork; RESNET_TESTS_COLD=1 starts every run as a fresh interpreter."""
     full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = subprocess.run(args, cwd=str(cwd or REPO), capture_output=True, text=True,
-                            timeout=timeout, env=full_env)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    _count_run(args, after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime, result.returncode)
+    cwd = str(cwd or REPO)
+    warm = _warm_start_fits(args, full_env)
+    if warm:
+        result, cpu_s = _warm.run(args, cwd, full_env, timeout)
+    else:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    _count_run(args, cpu_s, result.returncode, warm)
     return result
+
+
+def _warm_start_fits(args: List[str], env: dict) -> bool:
+    """Whether `args` can start from the warm process: this interpreter running a script, `-m` or
+    `-c`, with nothing changed that the interpreter or a library reads as it loads."""
+    args = [str(arg) for arg in args]
+    if os.environ.get(COLD) == "1" or len(args) < 2 or args[0] != PYTHON:
+        return False
+    if not (args[1] in ("-c", "-m") and len(args) > 2 or args[1].endswith(".py")):
+        return False
+    return not warm_unsafe_keys(env, _warm.environment())
+
+
+class WarmStart:
+    """This worker's warm process (tests/warm_start.py), started at its first run and ended with the
+    session, its CPU time and its children's then counted in this process's (RUSAGE_CHILDREN)."""
+
+    def __init__(self):
+        self.process: Optional[subprocess.Popen] = None
+        self.requests, self.replies, self.pending = None, -1, b""
+        self.cpu_s = 0.0  # the finished runs' CPU seconds, until the warm process is waited for
+        self.folder = ""
+
+    def environment(self) -> dict:
+        """The environment the warm process started with (this worker's, unbuffered)."""
+        return dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def _start(self) -> None:
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        self.process = subprocess.Popen([PYTHON, str(REPO / "tests" / "warm_start.py"), str(request_read),
+                                         str(reply_write)], pass_fds=(request_read, reply_write),
+                                        env=self.environment(), cwd=str(REPO))
+        os.close(request_read)
+        os.close(reply_write)
+        self.requests = os.fdopen(request_write, "w", encoding="utf-8")
+        self.replies, self.pending = reply_read, b""
+        self.folder = tempfile.mkdtemp(prefix="warm-runs-")
+        assert "ready" in self._reply(None), "the warm process did not start"
+
+    def _reply(self, timeout: Optional[float]) -> Optional[dict]:
+        """The warm process's next reply, or None when none came within `timeout` seconds."""
+        while b"\n" not in self.pending:
+            if not select.select([self.replies], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self.replies, 65536)
+            if not chunk:
+                return {"ended": True}
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, args: List[str], cwd: str, env: dict, timeout: float) -> Tuple[subprocess.CompletedProcess, float]:
+        """Run `args` as a child of the warm process: its result as subprocess.run's, and its CPU seconds."""
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+        out, err = os.path.join(self.folder, "stdout"), os.path.join(self.folder, "stderr")
+        self.requests.write(json.dumps({"argv": [str(arg) for arg in args], "cwd": cwd, "env": env, "stdout": out,
+                                        "stderr": err}) + "\n")
+        self.requests.flush()
+        started = self._reply(None)
+        assert "pid" in started, f"the warm process ended ({self.process.wait()}); RESNET_TESTS_COLD=1 runs without it"
+        pid = started["pid"]
+        ended = self._reply(timeout)
+        timed_out = ended is None
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+            ended = self._reply(None)
+        self.cpu_s += ended["cpu_s"]
+        stdout, stderr = (Path(path).read_text(encoding=locale.getpreferredencoding(False)) for path in (out, err))
+        if timed_out:
+            raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(ended["status"]), stdout,
+                                           stderr), ended["cpu_s"]
+
+    def close(self) -> None:
+        """End the warm process and wait for it (its children's CPU time then counts as this process's)."""
+        if self.process is None:
+            return
+        self.requests.close()
+        self.process.wait()
+        os.close(self.replies)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.process, self.cpu_s = None, 0.0
+
+
+_warm = WarmStart()
+COLD = "RESNET_TESTS_COLD"
 
 
 def wait_for_step(folder: Path, step: int, process: subprocess.Popen, timeout: float = 300) -> None:
