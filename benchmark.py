@@ -35,9 +35,9 @@ from tools.benchmarking.configurations import benchmark_configuration
 from tools.benchmarking.cpu_paths import CPU_ISAS, MINDSPORE_WORKERS, ONNX_WORKERS, TORCH_WORKERS
 from tools.benchmarking.pipeline_comparison import benchmark_pipelines
 from tools.benchmarking.pipelines import serve_pipelines
-from tools.benchmarking.report import format_pipeline_table, format_table
 from tools.benchmarking.serve import serve
 from tools.benchmarking.storage import serve_storage
+from tools.benchmarking.tables import format_pipeline_table, format_table
 
 PRESETS = {"targets": [("resnet50", 8, 224), ("resnet18", 64, 32)]}
 

@@ -38,12 +38,12 @@ from src.dataset import create_eval_dataset
 from src.deploy.inference import ExportedModel
 from src.device import cap_workers
 from src.errors import UserInputError, run_cli
+from src.evaluation.metrics import evaluate, evaluate_outputs
+from src.evaluation.model_summary import model_summary, summary_line
+from src.evaluation.report import evaluate_with_report, save_report
 from src.runtime import set_up_runtime
 from src.training.checkpoint import network_from_checkpoint
 from src.training.distributed import init_distributed, launcher_device_id, local_rank_count
-from src.training.metrics import evaluate, evaluate_outputs
-from src.training.model_summary import model_summary, summary_line
-from src.training.report import evaluate_with_report, save_report
 
 
 def check_request(cfg: Config) -> None:

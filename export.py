@@ -57,7 +57,7 @@ from src.compression.qat import convert_for_export
 from src.config import load_config
 from src.data.host_stage import normalization_of
 from src.data.input_stage import WithInputStage
-from src.deploy.export import (
+from src.deploy.exporting import (
     FILE_FORMATS,
     MAX_DYNAMIC_VERIFY_BATCH,
     check_export_request,

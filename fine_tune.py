@@ -16,7 +16,7 @@ import sys
 from typing import Optional, Sequence
 
 from src.errors import run_cli
-from src.migration.fine_tune import fine_tune_argv
+from src.migration.zoo_fine_tune import fine_tune_argv
 
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 

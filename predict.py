@@ -40,7 +40,7 @@ from src.deploy.inference import (
 )
 from src.device import DEVICE_TARGETS, init_device
 from src.errors import OneLineParser, UserInputError, run_cli
-from src.training.metrics import softmax
+from src.evaluation.metrics import softmax
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,12 +14,14 @@ import os
 import sys
 from typing import Optional, Sequence, Tuple
 
+from src.collective import all_gather_ints
 from src.compression import LSQ, PRUNE, SCOP, compression_convolutions, mindspore_convolution_stages
 from src.config import Config, load_config, run_dir, save_config
 from src.data.image_decode import partial_decoder
 from src.dataset import create_eval_dataset, set_start_epoch
 from src.device import cap_workers
 from src.errors import run_cli
+from src.evaluation.model_summary import model_summary, parameter_bytes, summary_line
 from src.files import remove_stale_temporaries
 from src.resnet import probe_layers
 from src.runtime import set_up_runtime
@@ -27,7 +29,6 @@ from src.training.board import Board
 from src.training.callbacks import EvalMonitor
 from src.training.data import check_data, create_train_dataset
 from src.training.distributed import (
-    all_gather_ints,
     check_output_storage,
     check_resume_agreement,
     init_distributed,
@@ -51,7 +52,6 @@ from src.training.factory import (
 )
 from src.training.faults import DivergedError, GracefulStop, TrainingStopped
 from src.training.loop import create_callbacks, end_run, replay_divergence, start_board, train_rest_of_epoch
-from src.training.model_summary import model_summary, parameter_bytes, summary_line
 from src.training.precision import resolve_amp_level
 from src.training.resume import check_fresh_run_folder, resume_checkpoint, resume_position, run_finished
 from src.training.run_record import RunRecord

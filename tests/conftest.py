@@ -119,7 +119,7 @@ def pytest_collection_modifyitems(items):
 # entry point, CPU seconds and exit code in `run_list`).
 WORK = "RESNET_TESTS_WORK"
 TRAINING_ENTRIES = ("train.py", "fine_tune.py", "train_parity.py", "run_standalone_train.sh",
-                    "run_distribute_train.sh", "benchmark_learning.py")
+                    "run_distribute_train.sh", "tools/benchmark_learning.py")
 _work: dict = {}  # test id -> its record
 
 

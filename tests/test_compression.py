@@ -29,7 +29,7 @@ from src.compression import (
     quantizer_names,
 )
 from src.cpu_convolution import unavailable_reason
-from src.deploy.export import check_export_compression
+from src.deploy.exporting import check_export_compression
 from src.errors import UserInputError
 from src.training.checkpoint import read_checkpoint
 

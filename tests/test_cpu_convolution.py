@@ -26,6 +26,7 @@ from src.cpu_convolution import (
     use_onednn_layers,
     weights_frozen,
 )
+from src.cpu_convolution.bf16_choice import bf16_verdict
 from src.cpu_convolution.cells import (
     OUTPUT_BLOCKED,
     BlockedToPlain,
@@ -36,7 +37,6 @@ from src.cpu_convolution.cells import (
     _swap_convolution,
     max_pool_ops,
 )
-from src.cpu_convolution.precision import bf16_verdict
 from src.data.sample_data import write_sample_data
 from src.errors import UserInputError
 from src.openmp import SPIN_COUNT, set_openmp_environment

@@ -5,14 +5,14 @@ from typing import Dict, Set
 
 REPO = Path(__file__).resolve().parents[1]
 # Every script at the top: run, never imported (what two of them share lives in src/ or tools/).
-ENTRY_POINTS = {"train", "eval", "export", "predict", "fine_tune", "benchmark", "benchmark_learning", "train_parity"}
-BUILDING_BLOCKS = {"src.errors", "src.files", "src.device", "src.openmp", "src.cpu"}
+ENTRY_POINTS = {"train", "eval", "export", "predict", "fine_tune", "benchmark", "train_parity"}
+BUILDING_BLOCKS = {"src.errors", "src.files", "src.device", "src.openmp", "src.cpu", "src.collective"}
 LEAF_FACES = {"src.resnet", "src.training.loss", "src.training.lr_schedule"}   # faces that sub-packages may use
 COMPOSING_FACES = {"src.config", "src.dataset"}   # the config and the input pipeline: entry points and composers
 # The modules that build a run's parts from its config, for the entry points (the only others that
 # read the config or compose the input pipeline).
 COMPOSERS = {"src.runtime", "src.training.data", "src.training.factory", "src.training.resume", "src.training.loop",
-             "src.deploy.export", "src.migration.fine_tune", "src.migration.dumped_batches",
+             "src.deploy.exporting", "src.migration.zoo_fine_tune", "src.migration.dumped_batches",
              "src.migration.learning", "src.migration.nonfinite_replay", "src.migration.train_sides",
              "src.migration.train_steps"}
 # Sub-packages below a leaf face (src.resnet builds its convolutions with src.cpu_convolution): they
@@ -73,7 +73,8 @@ def test_src_top_level_keeps_the_faces_and_at_most_12_modules():
     for face in ("dataset.py", "resnet.py", "runtime.py"):
         assert face in top
     packages = sorted(p.parent.name for p in (REPO / "src").glob("*/__init__.py"))
-    assert packages == ["compression", "config", "cpu_convolution", "data", "deploy", "migration", "training"]
+    assert packages == ["compression", "config", "cpu_convolution", "data", "deploy", "evaluation", "migration",
+                        "training"]
 
 
 def test_imports_go_one_way():
@@ -94,7 +95,7 @@ def test_imports_go_one_way():
 # Sub-packages in layers: a module imports its own layer and those below, never one above (the
 # input pipeline knows nothing of deployment, deployment nothing of training, ...).
 SUBPACKAGE_LAYERS = {"src.config": 0, "src.cpu_convolution": 0, "src.data": 0, "src.compression": 1, "src.deploy": 1,
-                     "src.training": 2, "src.migration": 3}
+                     "src.evaluation": 1, "src.training": 2, "src.migration": 3}
 
 
 def layer_of(module: str) -> int:

@@ -5,7 +5,7 @@ import numpy as np
 from mindspore import nn
 from mindspore.graph.api import cells_compile_cache  # MindSpore's own record of compiled cells
 
-from src.training.metrics import ClassificationCounts, evaluate_sums, summarize
+from src.evaluation.metrics import ClassificationCounts, evaluate_sums, summarize
 
 
 def counts(logits, labels) -> np.ndarray:

@@ -19,11 +19,11 @@ from src.compression.scop import knockoff_batch, knockoff_scores
 from src.config import load_config
 from src.cpu_convolution import use_onednn_layers
 from src.errors import UserInputError
+from src.evaluation.model_summary import model_summary
 from src.resnet import create_model
 from src.runtime import caps_mindspore_isa
 from src.training.checkpoint import load_pretrained, network_from_checkpoint
 from src.training.factory import check_step_keys, create_ema_twin, prune
-from src.training.model_summary import model_summary
 
 PRUNE = ["--compression", "prune"]
 SCOP = ["--prune_criterion", "scop"]

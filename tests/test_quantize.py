@@ -221,7 +221,7 @@ def test_quantize_rejects_bad_requests_before_exporting(cifar_dir, tmp_path, arg
     """export.py's checks, in-process: these fail before MindSpore loads the checkpoint (which does not
     exist here)."""
     from src.config import load_config
-    from src.deploy.export import check_export_request
+    from src.deploy.exporting import check_export_request
     from src.errors import UserInputError
     (tmp_path / "empty").mkdir()
     values = {"empty": str(tmp_path / "empty"), "missing": str(tmp_path / "missing"), "data": str(cifar_dir)}
@@ -234,7 +234,7 @@ def test_quantize_rejects_bad_requests_before_exporting(cifar_dir, tmp_path, arg
 
 def test_quantize_without_onnx_says_how_to_install(cifar_dir, tmp_path, monkeypatch):
     from src.config import load_config
-    from src.deploy.export import check_export_request
+    from src.deploy.exporting import check_export_request
     from src.errors import UserInputError
     monkeypatch.setitem(sys.modules, "onnx", None)  # an import of onnx now fails as if it were not installed
     argv = [*COMMON, "--checkpoint_file_path", str(tmp_path / "none.ckpt"), "--file_format", "ONNX",

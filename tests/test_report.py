@@ -12,10 +12,10 @@ from PIL import Image
 
 from conftest import PYTHON, REPO, run
 from src.data.sources import CifarBinarySource
+from src.evaluation.metrics import ClassificationCounts
+from src.evaluation.model_summary import model_summary
+from src.evaluation.report import EvalReport, ReportCounts, console_lines, per_class_rows, write_report
 from src.resnet import create_model
-from src.training.metrics import ClassificationCounts
-from src.training.model_summary import model_summary
-from src.training.report import EvalReport, ReportCounts, console_lines, per_class_rows, write_report
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 

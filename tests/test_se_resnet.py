@@ -11,9 +11,9 @@ from mindspore import nn
 
 from conftest import PYTHON, last_json, run
 from src.errors import UserInputError
+from src.evaluation.model_summary import model_summary
 from src.resnet import create_model
 from src.training.checkpoint import common_prefix, read_checkpoint, zoo_to_ms_name
-from src.training.model_summary import model_summary
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
 

@@ -17,8 +17,8 @@ from PIL import Image
 from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run, train_args
 from src.cpu_convolution import unavailable_reason
 from src.data.sources import CIFAR_RECORD_BYTES
+from src.evaluation.profile_table import find_summary, read_summary
 from src.training.callbacks import PLOT_EVERY_SECONDS, ProfilerMonitor, RecordPlotter
-from src.training.profile_table import find_summary, read_summary
 from src.training.run_record import RunRecord
 from src.training.step_time import INPUT_BOUND_SHARE
 from tensorboard_api import BOARD_RUN, assert_scalars_equal_record, tensorboard

@@ -19,7 +19,7 @@ from conftest import PYTHON, REPO, one_line_error, read_metrics, run
 from src.config import load_config
 from src.dataset import DATASETS
 from src.errors import UserInputError
-from src.migration.fine_tune import fine_tune_argv
+from src.migration.zoo_fine_tune import fine_tune_argv
 from src.resnet import NET_NAMES, create_model
 from src.training.checkpoint import read_checkpoint
 from src.training.factory import check_step_keys, create_schedule

@@ -4,8 +4,8 @@ several seeds on a small real dataset, and print held-out top-1 per epoch with i
 seeds. Not a timed test: one run of a heavy recipe swings by 0.2-0.4 top-1 between seeds, so only
 the spread over seeds says whether two versions of the code differ.
 
-    python benchmark_learning.py                               # this checkout, digits, seeds 1 2 3
-    python benchmark_learning.py --repo . --repo /tmp/old      # side by side with another checkout
+    python tools/benchmark_learning.py                               # this checkout, digits, seeds 1 2 3
+    python tools/benchmark_learning.py --repo . --repo /tmp/old      # side by side with another checkout
 
 Each run is `train.py` of the checkout named by --repo (its own config file and code), so any
 version of this repository can be measured against any other on the same data. The default data
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout this tool is in
 RECIPES = {
     "plain": [],
     "full": ["--auto_augment", "ta_wide", "--random_erase", "0.1", "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0",

@@ -6,7 +6,7 @@ commands a user runs (train.py, eval.py, export.py):
     python tools/compression_table.py --dataset digits     # scikit-learn's handwritten digits (1,297 + 500)
 
 The float network trains from scratch (the demo's recipe; 10 epochs at lr 0.02 on the digits, as
-benchmark_learning.py); QAT, LSQ and both prunings fine-tune its last checkpoint with the recipes of
+tools/benchmark_learning.py); QAT, LSQ and both prunings fine-tune its last checkpoint with the recipes of
 docs/compression.md; the int8 ONNX file is export.py's post-training quantization of the float
 checkpoint. For each: held-out top-1 (eval.py), the checkpoint's and the exported file's size,
 parameters and GFLOPs, CPU latency at batch 1 and 32 (median of timed calls in a process of its own,
@@ -150,8 +150,8 @@ def measure_latency(sources: Sequence[str], compression: str, calls: int = 50) -
 
 def summary(checkpoint: str, compression: str) -> Dict:
     """Parameters and GFLOPs at 32 px of the checkpoint's network (in this process: no device needed)."""
+    from src.evaluation.model_summary import model_summary
     from src.training.checkpoint import network_from_checkpoint
-    from src.training.model_summary import model_summary
     net = network_from_checkpoint(NET, 10, checkpoint, compression=compression, log=lambda line: None)
     figures = model_summary(net, image_size=IMAGE_SIZE)
     return {"parameters_m": round(figures["parameters"] / 1e6, 2), "gflops": round(figures["gflops"], 3)}

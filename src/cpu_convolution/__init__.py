@@ -12,6 +12,7 @@ from typing import Callable, Iterator, Optional, Sequence, Tuple
 from mindspore import nn
 
 from src.cpu import cpu_model
+from src.cpu_convolution.bf16_choice import ProbeLayer, bf16_verdict
 from src.cpu_convolution.cells import (
     OneDnnConv2d,
     all_finite_op,
@@ -31,7 +32,6 @@ from src.cpu_convolution.library import (
     thaw_weights,
     unavailable_reason,
 )
-from src.cpu_convolution.precision import ProbeLayer, bf16_verdict
 from src.errors import UserInputError, explain_native_errors_with
 
 CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")

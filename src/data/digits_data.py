@@ -1,6 +1,6 @@
 """Real handwritten digits as CIFAR-10 binary files: scikit-learn's copy of the UCI digits
 (1,797 scans of 8x8 pixels, 17 gray levels), enlarged to 32x32 RGB. A small real dataset that a
-package ships, for learning benchmarks (benchmark_learning.py) that must not download anything.
+package ships, for learning benchmarks (tools/benchmark_learning.py) that must not download anything.
 
     python -m src.data.digits_data data/digits      # 1,297 training and 500 held-out images
 """

@@ -5,10 +5,10 @@ import numpy as np
 from mindspore import Tensor, nn
 from mindspore.train import Metric
 
+from src.collective import all_reduce_sum
 from src.cpu_convolution import weights_frozen
 from src.data.host_stage import padded_to
 from src.data.input_stage import WithInputStage
-from src.training.distributed import all_reduce_sum
 
 
 def true_class_rank(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:

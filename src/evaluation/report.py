@@ -15,8 +15,7 @@ import numpy as np
 from mindspore import nn
 from mindspore.train import Metric
 
-from src.files import atomic_target, write_atomic
-from src.training.metrics import (
+from src.evaluation.metrics import (
     ClassificationCounts,
     evaluate_sums,
     predictor_sums,
@@ -24,6 +23,7 @@ from src.training.metrics import (
     summarize,
     true_class_rank,
 )
+from src.files import atomic_target, write_atomic
 
 CALIBRATION_BINS = 15
 TOP_K = 5

@@ -15,6 +15,15 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn
 from mindspore.train import Callback
 
+from src.evaluation.profile_table import (
+    TOP_OPERATORS,
+    console_lines,
+    find_summary,
+    read_summary,
+    table_csv,
+    table_markdown,
+)
+from src.evaluation.report import evaluate_with_report
 from src.files import warn_if_low_space, write_atomic
 from src.training.checkpoint import (
     BEST_NAME,
@@ -26,15 +35,6 @@ from src.training.checkpoint import (
     rotate,
     save_atomic,
 )
-from src.training.profile_table import (
-    TOP_OPERATORS,
-    console_lines,
-    find_summary,
-    read_summary,
-    table_csv,
-    table_markdown,
-)
-from src.training.report import evaluate_with_report
 from src.training.run_record import RunRecord
 from src.training.step_time import INPUT_BOUND_SHARE, StepClock, data_queue_depth, input_bound_line, wait_share
 

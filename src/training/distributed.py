@@ -1,10 +1,9 @@
-"""Data-parallel set-up: communication init, rank info, allreduce fusion buckets, cross-rank sums."""
+"""Data-parallel set-up: communication init, rank info, allreduce fusion buckets (the cross-rank
+sums of host values are src/collective.py's)."""
 import os
 from typing import List, Optional, Sequence, Tuple
 
 import mindspore as ms
-import numpy as np
-from mindspore import nn, ops
 
 from src.errors import UserInputError
 
@@ -134,29 +133,3 @@ def set_data_parallel(device_num: int, fusion_points: Sequence[int]) -> None:
                                  device_num=device_num)
     if fusion_points:
         ms.set_auto_parallel_context(all_reduce_fusion_config=list(fusion_points))
-
-
-class _AllReduceSum(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.all_reduce = ops.AllReduce()
-
-    def construct(self, x):
-        return self.all_reduce(x)
-
-
-_ALL_REDUCE: List[_AllReduceSum] = []  # one cell, built on first use, so its graph compiles once
-
-
-def all_reduce_sum(values: np.ndarray) -> np.ndarray:
-    """Sum a small float64 vector over all ranks (float32 on the wire; exact for counts < 2**24)."""
-    if not _ALL_REDUCE:
-        _ALL_REDUCE.append(_AllReduceSum())
-    return _ALL_REDUCE[0](ms.Tensor(values.astype(np.float32))).asnumpy().astype(np.float64)
-
-
-def all_gather_ints(value: int, rank: int, group_size: int) -> List[int]:
-    """Every rank's `value` (a small integer >= -1), in rank order, on every rank."""
-    mine = np.zeros(group_size, dtype=np.float64)
-    mine[rank] = value + 1  # 0 stands for the other ranks' slots
-    return [int(v) - 1 for v in all_reduce_sum(mine)]

@@ -19,6 +19,7 @@ from src.config import Config
 from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
 from src.dataset import create_train_input_stage
 from src.errors import UserInputError
+from src.evaluation.model_summary import format_gflops, model_summary, parameter_counts
 from src.resnet import create_model
 from src.training.callbacks import StageProgress
 from src.training.checkpoint import compressed, load_pretrained
@@ -26,7 +27,6 @@ from src.training.data import data_recipe, iter_host_batches
 from src.training.distributed import check_fusion_points, fusion_split_points
 from src.training.loss import loss_from_config
 from src.training.lr_schedule import create_lr_schedule, create_thor_lr_schedule, warmup_cut_short
-from src.training.model_summary import format_gflops, model_summary, parameter_counts
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
 from src.training.thor import THOR, check_thor

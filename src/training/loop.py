@@ -6,9 +6,11 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore.train import Model
 
+from src.collective import all_reduce_sum
 from src.config import Config
 from src.data.image_decode import partial_decoder
 from src.device import available_cores
+from src.evaluation.report import class_names_for, evaluate_with_report, save_report
 from src.training.board import Board, batch_picture, target_captions
 from src.training.callbacks import (
     CheckpointSaver,
@@ -22,13 +24,11 @@ from src.training.callbacks import (
 )
 from src.training.checkpoint import BEST_NAME, load_into_network
 from src.training.data import create_train_dataset, first_batch, host_batches
-from src.training.distributed import all_reduce_sum
 from src.training.factory import create_ema_twin, real_sink
 from src.training.faults import DivergenceGuard, GracefulStop, divergence_hints
 from src.training.loss import loss_from_config
 from src.training.nonfinite import NonFinite, replay_micro_batches, write_replay
 from src.training.rank_statistics import RankStatistics, rank_statistics
-from src.training.report import class_names_for, evaluate_with_report, save_report
 from src.training.resume import best_top1, mark_finished, resume_command
 from src.training.run_record import RunRecord
 from src.training.step_time import StepClock, input_bound_hints

@@ -29,10 +29,10 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from src.collective import all_reduce_sum
 from src.compression import QUANTIZER_MARK
 from src.training.callbacks import SaveSchedule, StepCounter
 from src.training.checkpoint import EMA_PREFIX
-from src.training.distributed import all_reduce_sum
 
 MIN_SUFFIX = "_float_min"  # a range's lower end: the widest is the least over ranks (upper ends: the greatest)
 

@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 from mindspore.train import Model
 
+from src.collective import all_reduce_sum
 from src.config import Config, read_yaml
 from src.errors import UserInputError
 from src.files import write_atomic
@@ -21,7 +22,6 @@ from src.training.checkpoint import (
     restore_training_state,
     training_position,
 )
-from src.training.distributed import all_reduce_sum
 from src.training.factory import real_sink
 
 # Written last by a run's end (src/training/loop.py, end_run): a relaunch with --resume True that

@@ -71,10 +71,10 @@ def own_loops_ms(before: Dict[str, float], after: Dict[str, float], steps: int) 
 
 def operator_table(runner, steps: int = 4) -> Dict[str, float]:
     """`steps` training steps under MindSpore's profiler: each operator type's milliseconds per step
-    (src.training.profile_table, our layers by cell)."""
+    (src.evaluation.profile_table, our layers by cell)."""
     from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-    from src.training.profile_table import find_summary, read_summary
+    from src.evaluation.profile_table import find_summary, read_summary
     with tempfile.TemporaryDirectory(prefix="benchmark-profile-") as folder:
         profiler = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(folder),
                            schedule=schedule(wait=0, warmup=1, active=steps, repeat=1, skip_first=0),

@@ -25,7 +25,7 @@ def cpu_capacity(net_name: str, batch: int, size: int, threads: int, cpu_isa: st
 
 def achieved_gmacs(report: Dict, path: str) -> Dict[str, float]:
     """Multiply-accumulates per second of `path`: training counts three forward passes per image."""
-    from src.training.model_summary import TRAIN_PASSES
+    from src.evaluation.model_summary import TRAIN_PASSES
     gmacs, measured = report["model"]["gflops"], report[path]
     rates = {"train": gmacs * TRAIN_PASSES * measured["train_compute_img_per_s"]}
     rates.update({label: gmacs * measured[label]["img_per_s"] for label in measured if label.startswith("eval_batch_")})
@@ -35,7 +35,7 @@ def achieved_gmacs(report: Dict, path: str) -> Dict[str, float]:
 def model_figures(report: Dict) -> Dict:
     """The model summary beside the measured speeds: achieved GFLOP/s (torchvision's GFLOPs, i.e.
     multiply-accumulates; a training step counted as three forward passes)."""
-    from src.training.model_summary import TRAIN_PASSES
+    from src.evaluation.model_summary import TRAIN_PASSES
     measured = report["mindspore"]
     model = measured.pop("model")
     achieved = {"train": model["gflops"] * TRAIN_PASSES * measured["train_compute_img_per_s"]}

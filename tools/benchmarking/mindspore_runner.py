@@ -57,7 +57,7 @@ class MindSporeRunner:
 
     def _set_training(self, training: bool) -> None:
         # One network serves both graphs: switch BatchNorm's mode only when the phase changes. Evaluation
-        # freezes the weights as eval.py's does (src.training.metrics); the next training step thaws them.
+        # freezes the weights as eval.py's does (src.evaluation.metrics); the next training step thaws them.
         if self.training != training:
             self.train_cell.set_train(training)
             self.training = training
@@ -78,14 +78,14 @@ class MindSporeRunner:
 
     def summary(self) -> Dict:
         """Parameters, GFLOPs per image at the measured size, and the weights' size."""
-        from src.training.model_summary import model_summary
+        from src.evaluation.model_summary import model_summary
         return model_summary(self.net, image_size=int(self.one.shape[-1]))
 
     def export_onnx(self, folder: str, batch: int, size: int, pixels: bool = False) -> List[str]:
         """The network in inference mode as ONNX files for batch 1 and `batch` (ONNX batches are
         fixed); `pixels`: with the input stage in front (uint8 NHWC in)."""
         from src.data.input_stage import WithInputStage
-        from src.deploy.export import export_network
+        from src.deploy.exporting import export_network
         self._set_training(False)
         net = WithInputStage(self.net, normalization_of("imagenet2012")) if pixels else self.net
         net.set_train(False)

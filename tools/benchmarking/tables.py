@@ -147,7 +147,7 @@ def _deployment_rows(r: Dict) -> List[str]:
 
 def model_line(r: Dict) -> str:
     """The model's parameters, GFLOPs per image, weights and achieved GFLOP/s, in one row."""
-    from src.training.model_summary import format_gflops
+    from src.evaluation.model_summary import format_gflops
     model = r["model"]
     achieved = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in model["achieved_gflop_per_s"].items())
     return (f"  model: {model['trainable_parameters']:,} trainable parameters, {format_gflops(model['gflops'])} "
