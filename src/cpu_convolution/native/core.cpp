@@ -1,0 +1,426 @@
+// The library's core (see core.hpp): the state, its buffers and the layouts this CPU's convolutions
+// choose, a kernel's operands and how its plan runs, and the kernels' argument checks, error text and
+// plan cache.
+#include "core.hpp"
+
+namespace resnet_conv {
+
+namespace {
+
+// What oneDNN's convolutions choose on this CPU for a ResNet layer's activations (a 3x3, 64
+// channels, 56 px), or tag::undef where it has no such convolution or picks another layout.
+tag chosen_layout(const dnnl::engine &engine, dt type) {
+    const memory::dims x{8, 64, 56, 56}, w{64, 64, 3, 3};
+    try {
+        auto pd = dnnl::convolution_forward::primitive_desc(
+            engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+            memory::desc(x, type, tag::any), memory::desc(w, type, tag::any), memory::desc(x, type, tag::any),
+            {1, 1}, {0, 0}, {1, 1}, {1, 1});
+        for (const auto &layout : kLayouts)
+            if (pd.src_desc() == memory::desc(x, type, layout.first)) return layout.first;
+    } catch (const dnnl::error &) {
+    }
+    return tag::undef;
+}
+
+}  // namespace
+
+State &state() {
+    static State *instance = [] {
+        // MindSpore's copy may be capped at AVX2 (src/device.py) because of its NCHW-only path; this
+        // copy chooses its layouts and should use every instruction the CPU has. oneDNN refuses the
+        // call once any primitive exists in the process (its own, not MindSpore's: another copy).
+        if (dnnl::set_max_cpu_isa(g_isa) != dnnl::status::success)
+            throw std::runtime_error("oneDNN did not accept its ISA limit (a primitive was created before)");
+        auto *made = new State();
+        made->f32_layout = chosen_layout(made->engine, dt::f32);
+        made->bf16_layout = chosen_layout(made->engine, dt::bf16);
+        g_state_made = true;
+        return made;
+    }();
+    return *instance;
+}
+
+// A shared buffer of the state, at least `bytes` long (64-byte aligned, as oneDNN prefers).
+void *grown(std::unique_ptr<uint8_t, FreeDeleter> &buffer, size_t &size, size_t bytes) {
+    if (bytes > size) {
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        void *larger = std::aligned_alloc(64, rounded);
+        if (!larger) throw std::bad_alloc();
+        buffer.reset(static_cast<uint8_t *>(larger));
+        size = rounded;
+    }
+    return buffer.get();
+}
+
+void *scratchpad_of(State &s, size_t bytes) { return grown(s.scratchpad, s.scratchpad_bytes, bytes); }
+
+// An activation as a kernel's parameters say it is laid out: plain NCHW, or blocked in the layout
+// this CPU's convolutions choose for its type (nChw16c for float32 on AVX-512, nChw8c on AVX2, NHWC
+// for bfloat16 on AMX: asked of oneDNN once, see chosen_layout).
+memory::desc activation(const memory::dims &shape, dt type, bool blocked) {
+    if (!blocked) return memory::desc(shape, type, tag::nchw);
+    const tag layout = type == dt::bf16 ? state().bf16_layout : state().f32_layout;
+    if (layout == tag::undef) throw std::runtime_error("this CPU's oneDNN has no convolution of this type");
+    return memory::desc(shape, type, layout);
+}
+
+namespace {
+
+// Float32 weights blocked 16 output by 16 input channels (ABcd16b16a, the weight gradients of
+// oneDNN's float32 convolutions under AVX-512), or 8 by 8 (ABcd8b8a, under AVX2), into a plain,
+// possibly strided, OIHW `user`: oneDNN's reorder writes the plain side one column of a block at a
+// time, sixteen rows a power of two apart that fall into one cache set, and ran at 4 GB/s for a 1x1
+// layer's 1024 or 2048 inputs; row by row, 30 GB/s. The block's side, 0 where neither fits.
+int copyable_blocks(const memory::desc &blocked, const memory::desc &user) {
+    const memory::dims dims = user.get_dims();
+    if (dims.size() != 4 || user.get_data_type() != dt::f32 || user.get_inner_nblks() != 0) return 0;
+    for (const auto &[side, layout] : {std::make_pair(16, tag::ABcd16b16a), std::make_pair(8, tag::ABcd8b8a)})
+        if (dims[0] % side == 0 && dims[1] % side == 0 && blocked == memory::desc(dims, dt::f32, layout)) return side;
+    return 0;
+}
+
+// `zero_rest`: `user` views some taps of a whole OIHW buffer (image_inside_kernel's weight gradient),
+// whose other taps get zeros in the same pass: one write of the buffer, not a memset and a second pass.
+template <int kSide>
+void copy_blocks_out(const memory &blocked, const memory &user, bool zero_rest) {
+    const memory::desc desc = user.get_desc();
+    const memory::dims d = desc.get_dims(), stride = desc.get_strides();
+    const int64_t out_blocks = d[0] / kSide, in_blocks = d[1] / kSide, kh = d[2], kw = d[3];
+    const int64_t offset = desc.get_submemory_offset();
+    const float *in = static_cast<const float *>(blocked.get_data_handle());
+    float *base = static_cast<float *>(user.get_data_handle());
+#pragma omp parallel for collapse(2) if (element_count(4, d.data()) > kOneThreadElements)
+    for (int64_t ob = 0; ob < out_blocks; ++ob)
+        for (int64_t ib = 0; ib < in_blocks; ++ib) {
+            const float *block = in + (ob * in_blocks + ib) * kh * kw * kSide * kSide;
+            for (int64_t o = 0; o < kSide; ++o) {
+                float *rows = base + (ob * kSide + o) * stride[0] + ib * kSide * stride[1];  // the block's inputs
+                if (zero_rest) std::memset(rows, 0, kSide * stride[1] * sizeof(float));
+                for (int64_t y = 0; y < kh; ++y)
+                    for (int64_t x = 0; x < kw; ++x) {
+                        float *tap = rows + offset + y * stride[2] + x * stride[3];
+                        const float *column = block + (y * kw + x) * kSide * kSide + o;
+                        for (int i = 0; i < kSide; ++i) tap[i * stride[1]] = column[i * kSide];  // unrolled: fixed count
+                    }
+            }
+        }
+}
+
+void copy_blocks_out(int side, const memory &blocked, const memory &user, bool zero_rest) {
+    if (side == 16)
+        copy_blocks_out<16>(blocked, user, zero_rest);
+    else
+        copy_blocks_out<8>(blocked, user, zero_rest);
+}
+
+}  // namespace
+
+// `zeroed_bytes`: see Operand (an output that fills part of its buffer).
+Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, const memory::desc &wanted,
+                size_t zeroed_bytes) {
+    auto &engine = state().engine;
+    Operand result{arg, slot, output, memory(user_desc, engine, DNNL_MEMORY_NONE), memory(), false, {}};
+    result.reorders = wanted != user_desc;
+    result.inner = result.reorders ? memory(wanted, engine) : result.user;
+    result.zeroed_bytes = zeroed_bytes;
+    // Our copy takes every 16x16 block; 8x8 ones only where it also writes the zeros, sparing a memset
+    // of the whole buffer (ResNet18 64x32 on an AVX2 EPYC: 3.5 ms a step). Elsewhere oneDNN's reorder
+    // of 8x8 blocks ran faster than our copy (ResNet50 8x224: 13 ms against 22).
+    const int side = result.reorders && output ? copyable_blocks(wanted, user_desc) : 0;
+    result.copies_blocks = side == 16 || (side == 8 && zeroed_bytes) ? side : 0;
+    if (result.reorders && !result.copies_blocks)
+        result.reorder = output ? dnnl::reorder(result.inner, result.user) : dnnl::reorder(result.user, result.inner);
+    return result;
+}
+
+namespace {
+
+// The weights of an inference forward in the primitive's layout: reordered into a buffer of their own
+// unless that buffer holds them already, reordered under the frozen version in force.
+memory kept_reorder(Operand &o, void *handle) {
+    auto &s = state();
+    auto found = o.kept.find(handle);
+    if (found == o.kept.end())
+        found = o.kept.emplace(handle, std::make_pair(memory(o.inner.get_desc(), s.engine), uint64_t{0})).first;
+    auto &[buffer, version] = found->second;
+    if (g_frozen_version == 0 || version != g_frozen_version) {
+        o.reorder.execute(s.stream, o.user, buffer);
+        version = g_frozen_version;
+    }
+    return buffer;
+}
+
+}  // namespace
+
+void execute(Plan &plan, void **slots) {
+    if (plan.steps) {
+        plan.steps(slots);
+        return;
+    }
+    auto &s = state();
+    if (plan.prelude) execute(*plan.prelude, slots);
+    std::unordered_map<int, memory> args = plan.owned;
+    if (const size_t bytes = plan.scratchpad.get_size())
+        args[DNNL_ARG_SCRATCHPAD] = memory(plan.scratchpad, s.engine, scratchpad_of(s, bytes));
+    for (auto &o : plan.operands) {
+        o.user.set_data_handle(slots[o.slot]);
+        if (o.zeroed_bytes && !o.copies_blocks) {
+            Timed timed(kZeroedGradients);
+            std::memset(slots[o.slot], 0, o.zeroed_bytes);
+        }
+        if (o.keeps_reorders) {
+            args[o.arg] = kept_reorder(o, slots[o.slot]);
+            continue;
+        }
+        if (o.reorders && !o.output) o.reorder.execute(s.stream, o.user, o.inner);
+        args[o.arg] = o.inner;
+    }
+    plan.primitive.execute(s.stream, args);
+    for (auto &o : plan.operands) {
+        if (!o.reorders || !o.output) continue;
+        if (o.copies_blocks) {
+            s.stream.wait();
+            Timed timed(kWeightGradientCopies);
+            copy_blocks_out(o.copies_blocks, o.inner, o.user, o.zeroed_bytes != 0);
+        } else {
+            o.reorder.execute(s.stream, o.inner, o.user);
+        }
+    }
+    if (plan.postlude) execute(*plan.postlude, slots);
+}
+
+// Here, not beside the slots in core.hpp: GCC warns of the comparisons between the slot enums
+// (-Wenum-compare, on by default) in each file that reads them, and every file includes core.hpp.
+static_assert(norm_backward_summed::dy_copy == norm_backward::residual && norm_backward_summed::dx == norm_backward::dx &&
+                  norm_backward_summed::dresidual == norm_backward::dresidual && norm_backward_summed::count == norm_backward::count,
+              "NormBackwardSummed's slots are NormBackward's, dy_copy in the residual's");
+
+const KernelInfo &info(Kind kind) {
+    static const KernelInfo table[] = {
+        {"ConvForward", CONV_FORWARD_SLOTS(NAME_OF), conv_forward::count, conv_forward::params, sizeof(ConvParams),
+         "int32", -1, {conv_forward::x, conv_forward::w, conv_forward::y}},
+        {"ConvBackwardData", CONV_BACKWARD_DATA_SLOTS(NAME_OF), conv_backward_data::count, conv_backward_data::params,
+         sizeof(ConvParams), "int32", -1,
+         {conv_backward_data::dy, conv_backward_data::w, conv_backward_data::x_shape, conv_backward_data::dx}},
+        {"ConvBackwardWeights", CONV_BACKWARD_WEIGHTS_SLOTS(NAME_OF), conv_backward_weights::count,
+         conv_backward_weights::params, sizeof(ConvParams), "int32", -1,
+         {conv_backward_weights::x, conv_backward_weights::dy, conv_backward_weights::w_shape,
+          conv_backward_weights::dw}},
+        {"NormForward", NORM_FORWARD_SLOTS(NAME_OF), norm_forward::count, norm_forward::params, sizeof(NormParams),
+         "float32", norm_forward::workspace, {norm_forward::x, norm_forward::y}},
+        {"NormBackward", NORM_BACKWARD_SLOTS(NAME_OF), norm_backward::count, norm_backward::params,
+         sizeof(NormParams), "float32", norm_backward::workspace,
+         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx}},
+        {"PoolForward", POOL_FORWARD_SLOTS(NAME_OF), pool_forward::count, pool_forward::params, sizeof(PoolParams),
+         "int32", -1, {pool_forward::x, pool_forward::y}},
+        {"PoolBackward", POOL_BACKWARD_SLOTS(NAME_OF), pool_backward::count, pool_backward::params,
+         sizeof(PoolParams), "int32", -1, {pool_backward::x, pool_backward::dy, pool_backward::dx}},
+        {"ToPlain", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1, {reorder_slots::x, reorder_slots::y}},
+        {"ToBlocked", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1,
+         {reorder_slots::x, reorder_slots::y}},
+        {"Sum", SUM_SLOTS(NAME_OF), sum_slots::count, -1, 0, "", -1, {}},
+        {"NormForwardForked", NORM_FORWARD_FORKED_SLOTS(NAME_OF), norm_forward_forked::count, norm_forward::params,
+         sizeof(NormParams), "float32", norm_forward::workspace,
+         {norm_forward::x, norm_forward::y, norm_forward_forked::y_copy}},
+        {"NormBackwardSummed", NORM_BACKWARD_SUMMED_SLOTS(NAME_OF), norm_backward_summed::count,
+         norm_backward::params, sizeof(NormParams), "float32", norm_backward::workspace,
+         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx, norm_backward_summed::dy_copy}},
+    };
+    return table[kind];
+}
+
+namespace {
+
+// "x float32[8,64,56,56], w float32[64,64,3,3], ...": the arguments a failed kernel was given.
+std::string arguments_text(const char *slots, int nparam, int *ndims, int64_t **shapes, const char **dtypes) {
+    std::vector<std::string> names;
+    for (const char *name = slots; name && *name;) {
+        const char *comma = std::strchr(name, ',');
+        names.emplace_back(name, comma - name);
+        name = comma + 1;
+    }
+    std::string text;
+    for (int i = 0; i < nparam; ++i) {
+        text += (i ? ", " : "") + (static_cast<size_t>(i) < names.size() ? names[i] : "#" + std::to_string(i)) + " " +
+                dtypes[i] + "[";
+        for (int d = 0; d < ndims[i]; ++d) text += (d ? "," : "") + std::to_string(shapes[i][d]);
+        text += "]";
+    }
+    return text;
+}
+
+}  // namespace
+
+// Records the one-line message LastError gives back: the kernel, its arguments, what went wrong.
+int fail(const char *name, const char *slots, int nparam, int *ndims, int64_t **shapes, const char **dtypes,
+         const std::string &problem) {
+    g_error = std::string(name) + "(" + arguments_text(slots, nparam, ndims, shapes, dtypes) + "): " + problem;
+    return 1;
+}
+
+namespace {
+
+// Why a kernel cannot take these arguments, or "" when it can.
+std::string arguments_problem(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes,
+                              const char **dtypes) {
+    const KernelInfo &k = info(kind);
+    if (nparam != k.count)
+        return "takes " + std::to_string(k.count) + " arguments, was given " + std::to_string(nparam);
+    for (int i = 0; i < nparam; ++i) {
+        const std::string type = dtypes[i];
+        const char *wanted = i == k.params_slot ? k.params_dtype : i == k.workspace_slot ? "uint8" : nullptr;
+        if (wanted ? type != wanted : type != "float32" && type != "bfloat16")
+            return "argument " + std::to_string(i) + " is " + type + ", not " + (wanted ? wanted : "float32 or bfloat16");
+    }
+    for (int i : k.four_d)
+        if (ndims[i] != 4) return "argument " + std::to_string(i) + " has " + std::to_string(ndims[i]) + " dimensions, not 4";
+    if (k.params_slot >= 0 &&
+        (ndims[k.params_slot] != 1 || static_cast<size_t>(shapes[k.params_slot][0]) * 4 != k.params_size))
+        return "the parameter record holds " + std::to_string(element_count(ndims[k.params_slot], shapes[k.params_slot])) +
+               " values, not " + std::to_string(k.params_size / 4);
+    if (is_norm(kind)) {
+        const auto &p = *static_cast<const NormParams *>(params[k.params_slot]);
+        if (p.activation != 0.f && p.activation != 1.f && p.activation != 2.f)
+            return "the normalization's activation " + std::to_string(p.activation) + " is not 0, 1 or 2";
+        if ((kind == kNormForwardForked || kind == kNormBackwardSummed) &&
+            (p.activation != 2.f || std::strcmp(dtypes[0], "float32") != 0))
+            return "a forked normalization ends a block (activation 2, add_relu) on float32 tensors";
+        const int residual = is_norm_forward(kind) ? int(norm_forward::residual) : int(norm_backward::residual);
+        if (p.activation == 2.f && (element_count(ndims[residual], shapes[residual]) != element_count(4, shapes[0]) ||
+                                    std::strcmp(dtypes[residual], dtypes[0]) != 0))
+            return "the residual added after the normalization is not of its input's shape and type";
+    }
+    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
+        const auto &p = *static_cast<const ConvParams *>(params[k.params_slot]);
+        if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1 || p.groups < 1 ||
+            (p.bf16 != 0 && p.bf16 != 1) || p.layout < 0 || p.layout > 3 || (p.inference != 0 && p.inference != 1))
+            return "the convolution's parameter record is out of range (stride, dilation and groups >= 1, bf16 0 or "
+                   "1, layout 0-3, inference 0 or 1)";
+    }
+    if (kind == kPoolForward || kind == kPoolBackward) {
+        const auto &p = *static_cast<const PoolParams *>(params[k.params_slot]);
+        if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || p.pad >= p.kernel)
+            return "the pooling's parameter record is out of range";
+    }
+    return "";
+}
+
+std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const char **dtypes, const void *params,
+                   size_t size) {
+    std::string key = std::to_string(kind) + ";threads " + std::to_string(omp_get_max_threads());
+    for (int i = 0; i < nparam; ++i) {
+        key += std::string(";") + dtypes[i];
+        for (int d = 0; d < ndims[i]; ++d) key += "," + std::to_string(shapes[i][d]);
+    }
+    key.append(static_cast<const char *>(params), size);
+    return key;
+}
+
+std::unique_ptr<Plan> make_plan(Kind kind, int *ndims, int64_t **shapes, const char **dtypes, const void *raw,
+                                int64_t workspace_bytes) {
+    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
+        ConvParams p;
+        std::memcpy(&p, raw, sizeof(p));
+        memory::dims x, w, y;
+        int x_slot, y_slot;  // the x and y (or dx and dy) arguments, whose types the user descriptors take
+        int64_t matrix_elements = 0;
+        if (kind == kConvForward) {
+            x = dims_of(shapes[conv_forward::x], 4), w = dims_of(shapes[conv_forward::w], 4);
+            y = dims_of(shapes[conv_forward::y], 4), x_slot = conv_forward::x, y_slot = conv_forward::y;
+            matrix_elements = element_count(ndims[conv_forward::matrix], shapes[conv_forward::matrix]);
+        } else if (kind == kConvBackwardData) {
+            x = dims_of(shapes[conv_backward_data::x_shape], 4), w = dims_of(shapes[conv_backward_data::w], 4);
+            y = dims_of(shapes[conv_backward_data::dy], 4);
+            x_slot = conv_backward_data::dx, y_slot = conv_backward_data::dy;
+            matrix_elements = element_count(ndims[conv_backward_data::matrix], shapes[conv_backward_data::matrix]);
+        } else {
+            x = dims_of(shapes[conv_backward_weights::x], 4), w = dims_of(shapes[conv_backward_weights::w_shape], 4);
+            y = dims_of(shapes[conv_backward_weights::dy], 4);
+            x_slot = conv_backward_weights::x, y_slot = conv_backward_weights::dy;
+        }
+        if (p.pad_top < 0) same_padding(p, x, w);
+        return conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]), matrix_elements);
+    }
+    if (is_norm(kind)) {
+        NormParams p;
+        std::memcpy(&p, raw, sizeof(p));
+        return norm_plan(kind, dims_of(shapes[0], 4), p, workspace_bytes, data_type(dtypes[0]));
+    }
+    if (kind == kPoolForward || kind == kPoolBackward) {
+        PoolParams p;
+        std::memcpy(&p, raw, sizeof(p));
+        auto y = kind == kPoolForward ? shapes[pool_forward::y] : shapes[pool_backward::dy];
+        return pool_plan(kind, dims_of(shapes[0], 4), dims_of(y, 4), p, data_type(dtypes[0]));
+    }
+    if (kind == kSum) return sum_plan(element_count(ndims[0], shapes[0]), data_type(dtypes[0]));
+    return reorder_plan(kind, dims_of(shapes[0], 4), data_type(dtypes[0]), data_type(dtypes[1]));
+}
+
+// The cached plan for `key`, made by `make` when missing; the least recently used go beyond the limit.
+template <typename Make>
+Plan &cached_plan(State &s, const std::string &key, Make make) {
+    auto found = s.plans.find(key);
+    if (found == s.plans.end()) {
+        auto plan = make();
+        while (!s.plans.empty() && s.plans.size() >= s.plan_limit)
+            s.plans.erase(std::min_element(s.plans.begin(), s.plans.end(), [](const auto &a, const auto &b) {
+                return a.second.used < b.second.used;
+            }));
+        found = s.plans.emplace(key, CachedPlan{std::move(plan), 0}).first;
+    }
+    found->second.used = ++s.clock;
+    return *found->second.plan;
+}
+
+int plan_threads(Kind kind, int *ndims, int64_t **shapes) {
+    int64_t work = 0, limit = kOneThreadElements;
+    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
+        // (x, y, w) slots: a convolution's multiply-accumulates are y's elements x w's per output channel
+        const int64_t *w = kind == kConvForward ? shapes[conv_forward::w]
+                           : kind == kConvBackwardData ? shapes[conv_backward_data::w]
+                                                       : shapes[conv_backward_weights::w_shape];
+        const int64_t *y = kind == kConvForward ? shapes[conv_forward::y]
+                           : kind == kConvBackwardData ? shapes[conv_backward_data::dy]
+                                                       : shapes[conv_backward_weights::dy];
+        work = element_count(4, y) * w[1] * w[2] * w[3];
+        limit = kOneThreadMacs;
+    } else {
+        work = element_count(ndims[0], shapes[0]);
+    }
+    return work < limit ? 1 : kernel_threads();
+}
+
+}  // namespace
+
+int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    const KernelInfo &k = info(kind);
+    try {
+        auto &s = state();
+        std::lock_guard<std::mutex> guard(s.lock);
+        const std::string problem = arguments_problem(kind, nparam, params, ndims, shapes, dtypes);
+        if (!problem.empty()) return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, problem);
+        const void *raw = k.params_slot >= 0 ? params[k.params_slot] : "";
+        use_threads(plan_threads(kind, ndims, shapes));
+        if (kind == kConvForward && !static_cast<const ConvParams *>(raw)->inference) g_frozen_version = 0;
+        const int64_t workspace_bytes =
+            k.workspace_slot >= 0 ? element_count(ndims[k.workspace_slot], shapes[k.workspace_slot]) : 0;
+        auto &plan = cached_plan(s, key_of(kind, nparam, ndims, shapes, dtypes, raw, k.params_size),
+                                 [&] { return make_plan(kind, ndims, shapes, dtypes, raw, workspace_bytes); });
+        if (kind == kNormBackward && static_cast<const NormParams *>(raw)->activation != 2.f)
+            zero_stand_in_gradient(params, shapes[norm_backward::residual], ndims[norm_backward::residual],
+                                   dtypes[norm_backward::residual]);
+        if (kind == kNormBackwardSummed) masked_sum(params, element_count(4, shapes[0]));
+        execute(plan, params);
+        s.stream.wait();
+        if (kind == kNormForwardForked) add_relu_twice(params, element_count(4, shapes[0]));
+        if (is_norm_forward(kind)) move_statistics(params, shapes[0], *static_cast<const NormParams *>(raw));
+        return 0;
+    } catch (const dnnl::error &e) {
+        return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, std::string("oneDNN: ") + e.what());
+    } catch (const std::exception &e) {
+        return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, e.what());
+    }
+}
+
+}  // namespace resnet_conv

@@ -1,0 +1,182 @@
+// Batch normalization through oneDNN (with the ReLU or the residual addition after it), and the
+// library's own loops around it: the forked forward's addition and ReLU written twice, the summed
+// backward's masked sum, the stand-in residual's zero gradient and the moving statistics.
+#include "core.hpp"
+
+#include <immintrin.h>  // SSE2's streaming stores (this library is built for x86_64 only)
+
+namespace resnet_conv {
+
+// Batch normalization on blocked tensors, per channel: scale (gamma) and shift (beta), slots as
+// NORM_FORWARD_SLOTS and NORM_BACKWARD_SLOTS say. The batch variance is the biased one oneDNN
+// normalizes with; with global_stats the given statistics are used and are not written out. The
+// workspace is the uint8 tensor the Python op gives it, one byte per element of x: more than oneDNN
+// asks (a bit each), checked here.
+std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const NormParams &p, int64_t workspace_bytes,
+                                dt type) {
+    auto &engine = state().engine;
+    const bool relu = p.activation == 1.f, add = p.activation == 2.f;
+    auto data = activation(x_dims, type, true);
+    auto elements = flat(element_count(4, x_dims.data()), type);
+    auto channel = memory::desc({x_dims[1]}, dt::f32, tag::a);
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    if (p.global_stats != 0.f) flags = flags | dnnl::normalization_flags::use_global_stats;
+    if (relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
+    auto attr = user_scratchpad();
+    auto forward = dnnl::batch_normalization_forward::primitive_desc(
+        engine, dnnl::prop_kind::forward_training, data, data, p.epsilon, flags, attr);
+    auto plan = std::make_unique<Plan>();
+    if (relu) {
+        const auto wanted = forward.workspace_desc().get_size();
+        if (wanted > static_cast<size_t>(workspace_bytes))
+            throw std::runtime_error("the normalization's workspace needs " + std::to_string(wanted) + " bytes, " +
+                                     "it was given " + std::to_string(workspace_bytes));
+    }
+    auto workspace = [&](int slot) {
+        auto desc = forward.workspace_desc();
+        return operand(DNNL_ARG_WORKSPACE, slot, false, desc, desc);
+    };
+    if (is_norm_forward(kind)) {
+        plan->primitive = dnnl::batch_normalization_forward(forward);
+        const bool given = p.global_stats != 0.f;
+        using namespace norm_forward;
+        plan->operands = {operand(DNNL_ARG_SRC, x, false, data, forward.src_desc()),
+                          operand(DNNL_ARG_SCALE, gamma, false, channel, channel),
+                          operand(DNNL_ARG_SHIFT, beta, false, channel, channel),
+                          operand(DNNL_ARG_MEAN, given ? mean : batch_mean, !given, channel, channel),
+                          operand(DNNL_ARG_VARIANCE, given ? variance : batch_variance, !given, channel, channel),
+                          operand(DNNL_ARG_DST, y, true, data, forward.dst_desc())};
+        if (relu) plan->operands.push_back(workspace(norm_forward::workspace));
+        own_scratchpad(*plan, forward);
+        if (add && kind == kNormForward) {  // y = max(y + residual, 0), in place (forked: add_relu_twice)
+            dnnl::post_ops relu_after;
+            relu_after.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+            auto add_attr = user_scratchpad();
+            add_attr.set_post_ops(relu_after);
+            auto addition = dnnl::binary::primitive_desc(engine, dnnl::algorithm::binary_add, elements, elements,
+                                                         elements, add_attr);
+            plan->postlude = std::make_unique<Plan>();
+            plan->postlude->primitive = dnnl::binary(addition);
+            plan->postlude->operands = {operand(DNNL_ARG_SRC_0, y, false, elements, elements),
+                                        operand(DNNL_ARG_SRC_1, residual, false, elements, elements),
+                                        operand(DNNL_ARG_DST, y, true, elements, elements)};
+            own_scratchpad(*plan->postlude, addition);
+        }
+    } else {
+        auto backward = dnnl::batch_normalization_backward::primitive_desc(
+            engine, dnnl::prop_kind::backward, data, data, data, p.epsilon, flags, forward, attr);
+        plan->primitive = dnnl::batch_normalization_backward(backward);
+        using namespace norm_backward;
+        plan->operands = {operand(DNNL_ARG_SRC, x, false, data, backward.src_desc()),
+                          // with the residual: dy masked by the output, written by the prelude
+                          operand(DNNL_ARG_DIFF_DST, add ? dresidual : dy, false, data, backward.diff_dst_desc()),
+                          operand(DNNL_ARG_MEAN, mean, false, channel, channel),
+                          operand(DNNL_ARG_VARIANCE, variance, false, channel, channel),
+                          operand(DNNL_ARG_SCALE, gamma, false, channel, channel),
+                          operand(DNNL_ARG_DIFF_SRC, dx, true, data, backward.diff_src_desc()),
+                          operand(DNNL_ARG_DIFF_SCALE, dgamma, true, channel, channel),
+                          operand(DNNL_ARG_DIFF_SHIFT, dbeta, true, channel, channel)};
+        if (relu) plan->operands.push_back(workspace(norm_backward::workspace));
+        own_scratchpad(*plan, backward);
+        if (add && kind == kNormBackward) {  // first dresidual = dy where the output passed the ReLU, else 0
+            const auto algorithm = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
+            auto relu_forward = dnnl::eltwise_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
+                                                                      algorithm, elements, elements, 0.f, 0.f);
+            auto mask = dnnl::eltwise_backward::primitive_desc(engine, algorithm, elements, elements, elements, 0.f,
+                                                               0.f, relu_forward, attr);
+            plan->prelude = std::make_unique<Plan>();
+            plan->prelude->primitive = dnnl::eltwise_backward(mask);
+            plan->prelude->operands = {operand(DNNL_ARG_DST, y, false, elements, elements),
+                                       operand(DNNL_ARG_DIFF_DST, dy, false, elements, elements),
+                                       operand(DNNL_ARG_DIFF_SRC, dresidual, true, elements, elements)};
+            own_scratchpad(*plan->prelude, mask);
+        }
+    }
+    return plan;
+}
+
+// Without the residual addition the normalization's backward writes zeros as the gradient of the
+// residual's stand-in (with it, the plan's prelude writes dresidual).
+void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const char *dtype) {
+    Timed timed(kZeroedGradients);
+    std::memset(slots[norm_backward::dresidual], 0, element_count(ndims, shape) * element_size(dtype));
+}
+
+namespace {
+
+// The two loops below select with bit masks, not branches: a branch on the sign of each element
+// mispredicted on every other one and ran at a tenth of the memory's speed (this build's -O2 does
+// not if-convert them).
+inline float kept_if(float value, bool keep) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    bits &= 0u - static_cast<uint32_t>(keep);
+    std::memcpy(&value, &bits, sizeof(bits));
+    return value;
+}
+
+}  // namespace
+
+// A forked normalization's residual addition and ReLU: y = y_copy = max(y + residual, 0), the float
+// operations of oneDNN's binary addition with its ReLU after (NormForward's postlude), written twice.
+void add_relu_twice(void **slots, int64_t count) {
+    Timed timed(kResidualRelu);
+    float *__restrict y = static_cast<float *>(slots[norm_forward::y]);
+    float *__restrict copy = static_cast<float *>(slots[norm_forward_forked::y_copy]);
+    const float *__restrict residual = static_cast<const float *>(slots[norm_forward::residual]);
+    // The copy is read by the next block's shortcut, long after: streamed past the caches, which
+    // also spares reading its lines before writing them (a third less memory traffic than stores).
+    constexpr int64_t chunk = 1 << 14;
+    const int64_t chunks = (count + chunk - 1) / chunk;
+    auto one = [&](int64_t i) {
+        const float sum = y[i] + residual[i];
+        y[i] = copy[i] = kept_if(sum, sum > 0.f);
+    };
+#pragma omp parallel for if (count > kOneThreadElements)
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t end = std::min(count, (c + 1) * chunk);
+        int64_t i = c * chunk;
+        for (; i < end && reinterpret_cast<uintptr_t>(copy + i) % 16 != 0; ++i) one(i);
+        const __m128 zero = _mm_setzero_ps();
+        for (; i + 4 <= end; i += 4) {
+            const __m128 sum = _mm_add_ps(_mm_loadu_ps(y + i), _mm_loadu_ps(residual + i));
+            const __m128 out = _mm_and_ps(sum, _mm_cmpgt_ps(sum, zero));  // kept_if's select, four at a time
+            _mm_storeu_ps(y + i, out);
+            _mm_stream_ps(copy + i, out);
+        }
+        for (; i < end; ++i) one(i);
+        _mm_sfence();  // this thread's streamed stores are visible before the kernel returns
+    }
+}
+
+// A summed normalization's first step: dresidual = dy + dy_copy where the output passed the ReLU,
+// else 0 (the sum AddN would take, then NormBackward's prelude), in one pass.
+void masked_sum(void **slots, int64_t count) {
+    Timed timed(kGradientSums);
+    const float *__restrict y = static_cast<const float *>(slots[norm_backward::y]);
+    const float *__restrict dy = static_cast<const float *>(slots[norm_backward::dy]);
+    const float *__restrict dy_copy = static_cast<const float *>(slots[norm_backward_summed::dy_copy]);
+    float *__restrict dresidual = static_cast<float *>(slots[norm_backward::dresidual]);
+#pragma omp parallel for simd if (count > kOneThreadElements)
+    for (int64_t i = 0; i < count; ++i) {
+        const float sum = dy[i] + dy_copy[i];
+        dresidual[i] = kept_if(sum, y[i] > 0.f);
+    }
+}
+
+// The forward's in-place update of the moving statistics from the batch's (see NORM_PARAMS).
+void move_statistics(void **slots, const int64_t *x, const NormParams &p) {
+    if (p.global_stats != 0.f || p.momentum <= 0.f) return;
+    const int64_t channels = x[1], count = x[0] * x[2] * x[3];
+    const float unbias = static_cast<float>(count) / static_cast<float>(std::max<int64_t>(count - 1, 1));
+    auto *moving_mean = static_cast<float *>(slots[norm_forward::mean]),
+         *moving_variance = static_cast<float *>(slots[norm_forward::variance]);
+    const auto *mean = static_cast<const float *>(slots[norm_forward::batch_mean]),
+               *variance = static_cast<const float *>(slots[norm_forward::batch_variance]);
+    for (int64_t c = 0; c < channels; ++c) {
+        moving_mean[c] = moving_mean[c] * (1.f - p.momentum) + mean[c] * p.momentum;
+        moving_variance[c] = moving_variance[c] * (1.f - p.momentum) + variance[c] * unbias * p.momentum;
+    }
+}
+
+}  // namespace resnet_conv

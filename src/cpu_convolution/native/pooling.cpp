@@ -1,0 +1,44 @@
+// Max pooling through oneDNN (forward, backward).
+#include "core.hpp"
+
+namespace resnet_conv {
+
+// Max pooling on blocked tensors; the padding never wins a window (PyTorch's -inf padding). The
+// backward runs the forward first for the positions of the maxima (oneDNN's workspace).
+std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::dims &y, const PoolParams &p,
+                                dt type) {
+    auto &engine = state().engine;
+    auto in = activation(x, type, true);
+    auto out = activation(y, type, true);
+    memory::dims kernel{p.kernel, p.kernel}, strides{p.stride, p.stride}, pad{p.pad, p.pad}, dilation{0, 0};
+    auto attr = user_scratchpad();
+    auto forward = dnnl::pooling_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
+                                                         dnnl::algorithm::pooling_max, in, out, strides, kernel,
+                                                         dilation, pad, pad, attr);
+    auto plan = std::make_unique<Plan>();
+    if (kind == kPoolForward) {
+        plan->primitive = dnnl::pooling_forward(forward);
+        plan->operands = {operand(DNNL_ARG_SRC, pool_forward::x, false, in, forward.src_desc()),
+                          operand(DNNL_ARG_DST, pool_forward::y, true, out, forward.dst_desc())};
+        plan->owned[DNNL_ARG_WORKSPACE] = memory(forward.workspace_desc(), engine);
+        own_scratchpad(*plan, forward);
+        return plan;
+    }
+    auto workspace = memory(forward.workspace_desc(), engine);
+    plan->prelude = std::make_unique<Plan>();
+    plan->prelude->primitive = dnnl::pooling_forward(forward);
+    plan->prelude->operands = {operand(DNNL_ARG_SRC, pool_backward::x, false, in, forward.src_desc())};
+    plan->prelude->owned[DNNL_ARG_DST] = memory(forward.dst_desc(), engine);
+    plan->prelude->owned[DNNL_ARG_WORKSPACE] = workspace;
+    own_scratchpad(*plan->prelude, forward);
+    auto backward = dnnl::pooling_backward::primitive_desc(engine, dnnl::algorithm::pooling_max, in, out, strides,
+                                                           kernel, dilation, pad, pad, forward, attr);
+    plan->primitive = dnnl::pooling_backward(backward);
+    plan->operands = {operand(DNNL_ARG_DIFF_DST, pool_backward::dy, false, out, backward.diff_dst_desc()),
+                      operand(DNNL_ARG_DIFF_SRC, pool_backward::dx, true, in, backward.diff_src_desc())};
+    plan->owned[DNNL_ARG_WORKSPACE] = workspace;
+    own_scratchpad(*plan, backward);
+    return plan;
+}
+
+}  // namespace resnet_conv

@@ -1,0 +1,241 @@
+// Golden Stick's fake quantizers on CPU, each way: the simulated one (FakeQuant) and LSQ's.
+#include "core.hpp"
+
+#include <cmath>
+
+namespace resnet_conv {
+
+namespace {
+
+// Golden Stick's simulated fake quantizer on CPU (src/compression/qat.py's CpuFakeQuant): its
+// standard operators, a dozen per quantizer, took most of a QAT graph's compile (resnet10: 8.7 s
+// against 2.7 s without them); here they are one kernel each way, computing the same float32
+// operations in the same order (no fused multiply-add), so both ways give the same bits. Per range
+// (channel): made symmetric if asked, scale = max((high - low) / (quant_max - quant_min), 1e-12), the
+// zero point rounded (half to even) and clipped to the levels, the range nudged onto it; each element
+// clipped to the nudged range with two ReLUs, rounded onto its level, and returned as
+// passed + (rounded - passed) with passed = x inside the range (its ends included), 0 outside. The
+// gradient: dy times 1 inside, times 0 outside.
+struct QuantRange {
+    float scale, low, high;
+};
+
+// Calls each(unit, c, begin, end) for the runs [begin, end) of a tensor's elements that share range
+// (or alpha) c, where each range covers `inner` consecutive elements in turn (the elements after a
+// channel axis; the whole tensor for one range), in units of at most kRun elements, in parallel. No
+// division per element: a per-element index divide made the kernels several times slower.
+constexpr int64_t kRun = 1 << 14;
+
+int64_t runs_per_segment(int64_t inner) { return (inner + kRun - 1) / kRun; }
+
+// How many units for_each_run calls `each` with for `count` elements.
+int64_t run_units(int64_t count, int64_t inner) { return count ? count / inner * runs_per_segment(inner) : 0; }
+
+template <typename Each>
+void for_each_run(int64_t count, int64_t ranges, int64_t inner, Each each) {
+    const int64_t per_segment = runs_per_segment(inner), units = run_units(count, inner);
+#pragma omp parallel for if (count > (1 << 16))
+    for (int64_t unit = 0; unit < units; ++unit) {
+        const int64_t segment = unit / per_segment, begin = segment * inner + unit % per_segment * kRun;
+        each(unit, segment % ranges, begin, std::min(begin + kRun, (segment + 1) * inner));
+    }
+}
+
+QuantRange nudged_range(float low, float high, const QuantParams &p) {
+    if (p.symmetric != 0.f) {
+        high = std::max(std::fabs(low), std::fabs(high));
+        low = -high;
+    }
+    const float scale = std::max((high - low) / (p.quant_max - p.quant_min), 1e-12f);
+    const float zero_point = std::min(std::max(std::nearbyint(p.quant_min - low / scale), p.quant_min), p.quant_max);
+    return {scale, (p.quant_min - zero_point) * scale, (p.quant_max - zero_point) * scale};
+}
+
+// Comparisons as values, not jumps where it can be helped: on real weights they go either way at
+// random, and mispredicted branches made LSQ's loop 1.5x slower (10 ns an element on ResNet18's).
+float max_of(float a, float b) { return a < b ? b : a; }
+float min_of(float a, float b) { return b < a ? b : a; }
+float relu(float v) { return max_of(v, 0.f); }
+float one_if(bool condition) { return static_cast<float>(condition); }
+
+// nearbyint (half to even, the default rounding mode) and floor of a float whose magnitude is below
+// 2^22, inlined: adding and subtracting 1.5 x 2^23 leaves the nearest integer. std::nearbyint and
+// std::floor are library calls in SSE2's x86_64, one per element.
+float round_small(float v) { return (v + 12582912.f) - 12582912.f; }
+float floor_small(float v) {
+    const float rounded = round_small(v);
+    return rounded - one_if(rounded > v);
+}
+
+// One run of n elements sharing range r, each way.
+void fake_quant_run(const float *__restrict x, float *__restrict y, int64_t n, QuantRange r) {
+    for (int64_t j = 0; j < n; ++j) {
+        const float v = x[j];
+        const float clipped = r.low + relu(v - r.low) - relu(v - r.high);
+        const float rounded = round_small((clipped - r.low) / r.scale) * r.scale + r.low;  // 0..quant_max
+        const float passed = v * one_if((v >= r.low) & (v <= r.high));
+        y[j] = passed + (rounded - passed);
+    }
+}
+
+void fake_quant_grad_run(const float *__restrict x, const float *__restrict dy, float *__restrict dx, int64_t n,
+                         QuantRange r) {
+    for (int64_t j = 0; j < n; ++j) dx[j] = dy[j] * one_if((x[j] >= r.low) & (x[j] <= r.high));
+}
+
+// The checks and the loop both directions share: `each(range, begin, end)` for each run of x's
+// elements [begin, end) that share a range.
+template <typename Each>
+int each_quantized(const char *name, const char *slots, int nparam, void **params, int *ndims, int64_t **shapes,
+                   const char **dtypes, int params_slot, Each each) {
+    const int64_t count = element_count(ndims[0], shapes[0]);
+    const int64_t ranges = element_count(ndims[1], shapes[1]);
+    bool ok = all_float32(nparam, dtypes) && ranges == element_count(ndims[2], shapes[2]) && ranges > 0 &&
+              element_count(ndims[params_slot], shapes[params_slot]) == sizeof(QuantParams) / sizeof(float);
+    for (int i = params_slot + 1; ok && i < nparam; ++i) ok = element_count(ndims[i], shapes[i]) == count;
+    const QuantParams p = ok ? *static_cast<const QuantParams *>(params[params_slot]) : QuantParams{};
+    const int axis = static_cast<int>(p.channel_axis);
+    ok = ok && (axis < 0 ? ranges == 1 : axis < ndims[0] && shapes[0][axis] == ranges);
+    if (!ok)
+        return fail(name, slots, nparam, ndims, shapes, dtypes,
+                    "takes float32 tensors: x, low and high (one value, or one per channel of channel_axis), "
+                    "the QuantParams and x's shape for the rest");
+    const float *low = static_cast<const float *>(params[1]), *high = static_cast<const float *>(params[2]);
+    const int64_t inner = axis < 0 ? count : element_count(ndims[0] - axis - 1, shapes[0] + axis + 1);
+    std::vector<QuantRange> nudged(ranges);
+    for (int64_t c = 0; c < ranges; ++c) nudged[c] = nudged_range(low[c], high[c], p);
+    use_threads();
+    for_each_run(count, ranges, inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
+        each(nudged[c], begin, end);
+    });
+    return 0;
+}
+
+}  // namespace
+
+int fake_quant_forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    if (nparam != fake_quant::count)
+        return fail("FakeQuant", FAKE_QUANT_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, "takes 5 arguments");
+    const float *x = static_cast<const float *>(params[fake_quant::x]);
+    float *y = static_cast<float *>(params[fake_quant::y]);
+    return each_quantized("FakeQuant", FAKE_QUANT_SLOTS(NAME_OF), nparam, params, ndims, shapes, dtypes,
+                          fake_quant::params, [&](const QuantRange &r, int64_t begin, int64_t end) {
+        fake_quant_run(x + begin, y + begin, end - begin, r);
+    });
+}
+
+int fake_quant_backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    if (nparam != fake_quant_grad::count)
+        return fail("FakeQuantGrad", FAKE_QUANT_GRAD_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes,
+                    "takes 6 arguments");
+    const float *x = static_cast<const float *>(params[fake_quant_grad::x]);
+    const float *dy = static_cast<const float *>(params[fake_quant_grad::dy]);
+    float *dx = static_cast<float *>(params[fake_quant_grad::dx]);
+    return each_quantized("FakeQuantGrad", FAKE_QUANT_GRAD_SLOTS(NAME_OF), nparam, params, ndims, shapes, dtypes,
+                          fake_quant_grad::params, [&](const QuantRange &r, int64_t begin, int64_t end) {
+        fake_quant_grad_run(x + begin, dy + begin, dx + begin, end - begin, r);
+    });
+}
+
+namespace {
+
+// Golden Stick's LSQ fake quantizer on CPU (qat.py's CpuLearnedScaleQuant), as FakeQuant above: one
+// kernel each way instead of its standard operators, the same float32 steps in the same order. With
+// alpha per tensor or per channel: r = x / alpha, q = floor(min(max(r, lower), 1) * quant_max + 0.5) /
+// quant_max, y = q * alpha. The gradient: dx = dy inside [lower, 1] (ends included), else 0; dalpha
+// sums dy * (above - below + inside * (q - r)) per alpha, in a fixed order whatever the thread count
+// (a double sum per run of for_each_run, the runs added in order), so it matches the standard
+// operators' ReduceSum to float32 rounding, not bit for bit.
+struct LsqElement {
+    float ratio, quantized;
+};
+
+LsqElement lsq_element(float v, float alpha, float quant_max, float lower) {
+    const float ratio = v / alpha;
+    return {ratio, floor_small(min_of(max_of(ratio, lower), 1.f) * quant_max + 0.5f) / quant_max};
+}
+
+// One run of n elements sharing alpha a, each way (the gradient returns the run's sum for dalpha).
+void lsq_run(const float *__restrict x, float *__restrict y, int64_t n, float a, float quant_max, float lower) {
+    for (int64_t j = 0; j < n; ++j) y[j] = lsq_element(x[j], a, quant_max, lower).quantized * a;
+}
+
+double lsq_grad_run(const float *__restrict x, const float *__restrict dy, float *__restrict dx, int64_t n, float a,
+                    float quant_max, float lower) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+        const LsqElement e = lsq_element(x[j], a, quant_max, lower);
+        const float above = one_if(e.ratio > 1.f), below = one_if(e.ratio < lower);
+        const float inside = 1.f - above - below;
+        dx[j] = dy[j] * inside;
+        sum += dy[j] * (above - below + inside * (e.quantized - e.ratio));
+    }
+    return sum;
+}
+
+// The checks both directions share; sets the alpha count, the elements per alpha run and the levels.
+bool lsq_arguments(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int params_slot,
+                   LsqParams *p, int64_t *alphas, int64_t *inner, float *quant_max) {
+    const int64_t count = element_count(ndims[0], shapes[0]);
+    *alphas = element_count(ndims[1], shapes[1]);
+    bool ok = all_float32(nparam, dtypes) && element_count(ndims[2], shapes[2]) == 1 && *alphas > 0 &&
+              element_count(ndims[params_slot], shapes[params_slot]) == sizeof(LsqParams) / sizeof(float);
+    for (int i = params_slot + 1; ok && i < nparam; ++i)
+        ok = element_count(ndims[i], shapes[i]) == (i == nparam - 1 && nparam == lsq_grad::count ? *alphas : count);
+    if (!ok) return false;
+    *p = *static_cast<const LsqParams *>(params[params_slot]);
+    *quant_max = *static_cast<const float *>(params[2]);
+    const int axis = static_cast<int>(p->channel_axis);
+    if (axis < 0 ? *alphas != 1 : axis >= ndims[0] || shapes[0][axis] != *alphas) return false;
+    *inner = axis < 0 ? count : element_count(ndims[0] - axis - 1, shapes[0] + axis + 1);
+    return true;
+}
+
+const char kLsqProblem[] =
+    "takes float32 tensors: x, alpha (one value, or one per channel of channel_axis), quant_max (one value), the "
+    "LsqParams and x's shape for the rest (alpha's for dalpha)";
+
+}  // namespace
+
+int lsq_forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    LsqParams p;
+    int64_t alphas, inner;
+    float quant_max;
+    if (nparam != lsq::count ||
+        !lsq_arguments(nparam, params, ndims, shapes, dtypes, lsq::params, &p, &alphas, &inner, &quant_max))
+        return fail("LearnedScaleQuant", LSQ_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem);
+    const int64_t count = element_count(ndims[0], shapes[0]);
+    const float *x = static_cast<const float *>(params[lsq::x]), *alpha = static_cast<const float *>(params[lsq::alpha]);
+    float *y = static_cast<float *>(params[lsq::y]);
+    use_threads();
+    for_each_run(count, alphas, inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
+        lsq_run(x + begin, y + begin, end - begin, alpha[c], quant_max, p.lower);
+    });
+    return 0;
+}
+
+int lsq_backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+    LsqParams p;
+    int64_t alphas, inner;
+    float quant_max;
+    if (nparam != lsq_grad::count ||
+        !lsq_arguments(nparam, params, ndims, shapes, dtypes, lsq_grad::params, &p, &alphas, &inner, &quant_max))
+        return fail("LearnedScaleQuantGrad", LSQ_GRAD_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem);
+    const int64_t count = element_count(ndims[0], shapes[0]);
+    const float *x = static_cast<const float *>(params[lsq_grad::x]);
+    const float *alpha = static_cast<const float *>(params[lsq_grad::alpha]);
+    const float *dy = static_cast<const float *>(params[lsq_grad::dy]);
+    float *dx = static_cast<float *>(params[lsq_grad::dx]), *dalpha = static_cast<float *>(params[lsq_grad::dalpha]);
+    const int64_t per_segment = runs_per_segment(inner), units = run_units(count, inner);
+    std::vector<double> partial(static_cast<size_t>(units), 0.0);  // one sum per run, added in order below
+    use_threads();
+    for_each_run(count, alphas, inner, [&](int64_t unit, int64_t c, int64_t begin, int64_t end) {
+        partial[unit] = lsq_grad_run(x + begin, dy + begin, dx + begin, end - begin, alpha[c], quant_max, p.lower);
+    });
+    std::vector<double> sums(static_cast<size_t>(alphas), 0.0);
+    for (int64_t unit = 0; unit < units; ++unit) sums[unit / per_segment % alphas] += partial[unit];
+    for (int64_t c = 0; c < alphas; ++c) dalpha[c] = static_cast<float>(sums[c]);
+    return 0;
+}
+
+}  // namespace resnet_conv
