@@ -1,4 +1,4 @@
-"""The CPU layers' native library (src/cpu_convolution/native/onednn_conv.cpp) against what it may be
+"""The CPU layers' native library (src/cpu_convolution/native/*.cpp) against what it may be
 given: parameter records and argument slots defined once and checked on both sides, bad arguments
 refused with one line naming the kernel and its shapes, a bounded plan cache, thread changes, other
 batch sizes, grouped and dilated convolutions in the blocked layout, and an AVX2-capped oneDNN."""

@@ -1,4 +1,4 @@
-"""ResNet's layers on CPU through a private oneDNN (native/onednn_conv.cpp), chosen by `cpu_convolution`.
+"""ResNet's layers on CPU through a private oneDNN (native/*.cpp), chosen by `cpu_convolution`.
 
 MindSpore's CPU convolutions hand oneDNN plain NCHW tensors; these kernels let oneDNN choose its
 blocked layouts and cache a primitive per shape. In a ResNet the convolutions, BatchNorms and the

@@ -20,7 +20,7 @@ from mindspore.ops import signature as sig
 
 from src.cpu_convolution.library import LIBRARY, RECORDS, channels_per_block, weight_matrix_elements
 
-INPUT_BLOCKED, OUTPUT_BLOCKED = 1, 2  # onednn_conv.cpp's ConvParams.layout bits
+INPUT_BLOCKED, OUTPUT_BLOCKED = 1, 2  # native/core.hpp's ConvParams.layout bits
 
 
 def record(name: str, **fields) -> Tuple:
@@ -103,7 +103,7 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
 def convolution_params(conv: nn.Conv2d, bf16: bool = False, layout: int = 0,
                        inference: bool = False) -> Tuple[int, ...]:
     """stride, padding (top, bottom, left, right; -1: 'same'), dilation, groups, the bf16 flag, the
-    layout bits and the inference flag of `conv`: onednn_conv.cpp's ConvParams."""
+    layout bits and the inference flag of `conv`: native/core.hpp's ConvParams."""
     padding = conv.padding if conv.pad_mode == "pad" else 0
     if conv.pad_mode == "same":  # the kernels work the padding out from the input's size
         padding = -1
@@ -252,7 +252,7 @@ class _InputsWritten(ops.Custom):
 # ---------------------------------------------------------------------------------------------
 # Blocked layout between the layers of a ResNet.
 
-# onednn_conv.cpp's NormParams.activation: what the BatchNorm kernel applies after normalizing.
+# native/core.hpp's NormParams.activation: what the BatchNorm kernel applies after normalizing.
 ACTIVATIONS = {"none": 0.0, "relu": 1.0, "add_relu": 2.0}
 
 
@@ -336,7 +336,7 @@ def forked_batch_norm_op() -> ops.Custom:
     whose output two layers read, the next block's first convolution and its shortcut: it writes
     the output twice, (y, batch mean, batch variance, workspace, copy of y), and its backward sums
     the two outputs' gradients in its masking pass, where MindSpore would sum the gradients of one
-    tensor read twice with AddN, a pass of its own (onednn_conv.cpp's NORM_FORWARD_FORKED_SLOTS)."""
+    tensor read twice with AddN, a pass of its own (native/core.hpp's NORM_FORWARD_FORKED_SLOTS)."""
     backward = _aot("NormBackwardSummed", _summed_backward_shape, _summed_backward_dtypes)
 
     def bprop(x, gamma, beta, mean, variance, params, residual, out, dout):

@@ -14,7 +14,7 @@ BUILD_HINT = "bash scripts/setup_env.sh builds it (it needs g++ and the onednn-d
 ISAS = ("avx2", "avx512_core", "avx512_core_bf16", "avx512_core_amx", "all")  # CapIsa's names
 
 # The parameter records cells.py writes and the argument slots its ops pass, in order; the library
-# defines the same lists (onednn_conv.cpp) and unavailable_reason refuses a library whose differ.
+# defines the same lists (native/core.hpp) and unavailable_reason refuses a library whose differ.
 RECORDS: Dict[str, Tuple[str, ...]] = {
     "ConvParams": ("stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right", "dilation_h",
                    "dilation_w", "groups", "bf16", "layout", "inference"),
