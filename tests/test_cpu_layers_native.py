@@ -210,15 +210,25 @@ def test_a_dense_layer_in_the_blocked_layout_equals_mindspores(stride, training)
         assert relative(value, expected) < 1e-5
 
 
-FROZEN_EVALUATION = """
+# A function of this module in a process of its own, its library capped at an ISA ("all": uncapped):
+# a cap holds only from before the library's first kernel.
+UNDER_A_CAP = """
 import json, sys
 sys.path.insert(0, {repo!r})
 sys.path.insert(0, {tests!r})
-from test_cpu_layers_native import frozen_evaluation_outcome
+import test_cpu_layers_native
 from src.cpu_convolution import library
-library.cap_isa(sys.argv[1])
-print(json.dumps(frozen_evaluation_outcome()))
+if sys.argv[1] != "all":
+    library.cap_isa(sys.argv[1])
+print(json.dumps(getattr(test_cpu_layers_native, sys.argv[2])()))
 """
+
+
+def outcome_under_a_cap(function, isa: str) -> dict:
+    """`function()`'s JSON result in a fresh process whose library is capped at `isa`."""
+    result = run([PYTHON, "-c", UNDER_A_CAP.format(repo=str(REPO), tests=str(REPO / "tests")), isa, function.__name__])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_json(result.stdout)
 
 
 def frozen_evaluation_outcome() -> dict:
@@ -270,9 +280,7 @@ def test_an_evaluation_builds_a_dense_layers_matrix_once_while_its_weights_are_f
     if isa == "all":
         outcome = frozen_evaluation_outcome()
     else:
-        result = run([PYTHON, "-c", FROZEN_EVALUATION.format(repo=str(REPO), tests=str(REPO / "tests")), isa])
-        assert result.returncode == 0, result.stderr[-3000:]
-        outcome = last_json(result.stdout)
+        outcome = outcome_under_a_cap(frozen_evaluation_outcome, isa)
     assert outcome.pop("isa") == isa
     if isa == "avx2":
         assert (outcome["layout"], outcome["dense"]) == ("nChw8c", True)
@@ -284,18 +292,6 @@ def test_an_evaluation_builds_a_dense_layers_matrix_once_while_its_weights_are_f
     assert {key: outcome[key] for key in ("kept_after_thaw", "frozen_bits_equal", "halved_bits_equal",
                                           "halved_differs")} == {"kept_after_thaw": 0, "frozen_bits_equal": True,
                                                                  "halved_bits_equal": True, "halved_differs": True}
-
-
-BLOCKED_NETWORK = """
-import json, sys
-sys.path.insert(0, {repo!r})
-sys.path.insert(0, {tests!r})
-from test_cpu_layers_native import blocked_network_gaps
-from src.cpu_convolution import library
-if sys.argv[1] != "all":
-    library.cap_isa(sys.argv[1])
-print(json.dumps(blocked_network_gaps()))
-"""
 
 
 def blocked_network_gaps() -> dict:
@@ -330,24 +326,11 @@ def blocked_network_gaps() -> dict:
 
 @pytest.mark.parametrize("isa", ["all", "avx2"])
 def test_a_blocked_network_trains_as_mindspores_at_two_batch_sizes_a_thread_change_and_an_avx2_cap(isa):
-    result = run([PYTHON, "-c", BLOCKED_NETWORK.format(repo=str(REPO), tests=str(REPO / "tests")), isa])
-    assert result.returncode == 0, result.stderr[-3000:]
-    gaps = last_json(result.stdout)
+    gaps = outcome_under_a_cap(blocked_network_gaps, isa)
     assert gaps.pop("layout") == ("nChw8c" if isa == "avx2" else library.blocked_layout("float32"))
     # float32 rounding of two orders of summation: ~1e-5, up to ~1e-4 on a small gradient; a layer
     # reading another layout than it was given is off by its whole size
     assert max(gaps.values()) < 1e-3, gaps
-
-
-MOMENTUM_STEP = """
-import json, sys
-sys.path.insert(0, {repo!r})
-sys.path.insert(0, {tests!r})
-from test_cpu_layers_native import momentum_step_outcome
-from src.cpu_convolution import library
-library.cap_isa(sys.argv[1])
-print(json.dumps(momentum_step_outcome()))
-"""
 
 
 def momentum_step_outcome() -> dict:
@@ -393,7 +376,5 @@ def test_the_optimizer_op_computes_numpys_float32_bits_with_and_without_avx512(i
     if isa == "all":
         outcome = momentum_step_outcome()
     else:
-        result = run([PYTHON, "-c", MOMENTUM_STEP.format(repo=str(REPO), tests=str(REPO / "tests")), isa])
-        assert result.returncode == 0, result.stderr[-3000:]
-        outcome = last_json(result.stdout)
+        outcome = outcome_under_a_cap(momentum_step_outcome, isa)
     assert outcome == {"applied": 1.0, "differing": 0, "skipped": 0.0, "moved_anyway": 0, "isa": isa}
