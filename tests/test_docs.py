@@ -10,7 +10,12 @@ import pytest
 from conftest import PYTHON, REPO, run
 from src.config import format_reference
 
-PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+PAGES = ([REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+         + sorted((REPO / "docs" / "results").glob("*.md")))
+# the dated measurements: one page per day, listed by the folder's index (which the README links)
+RESULTS_INDEX = REPO / "docs" / "results" / "README.md"
+# pages whose content moved, kept so that old links resolve: each only links to its new place
+MOVED = {REPO / "docs" / "results_log.md": RESULTS_INDEX}
 # placeholders the docs write in commands, and a value that runs here
 PLACEHOLDERS = {"CONFIG": "config/sample_resnet18.yaml"}
 FENCED = re.compile(r"^```.*?^```", re.S | re.M)
@@ -43,7 +48,7 @@ def links(page: Path) -> List[str]:
     return re.findall(r"\]\(([^)\s]+)\)", without_code(page.read_text()))
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_and_anchors_resolve(page):
     broken = []
     for target in links(page):
@@ -58,9 +63,28 @@ def test_relative_links_and_anchors_resolve(page):
     assert not broken, f"{page.name}: {broken}"
 
 
+def linked_from(page: Path) -> Set[Path]:
+    return {(page.parent / target.partition("#")[0]).resolve() for target in links(page)
+            if not re.match(r"[a-z]+:", target)}
+
+
 def test_every_docs_page_is_linked_from_the_readme():
-    linked = {(REPO / target.partition("#")[0]).resolve() for target in links(REPO / "README.md")}
-    assert [page.name for page in PAGES[1:] if page.resolve() not in linked] == []
+    topics = [page for page in PAGES[1:] if page.parent == REPO / "docs" and page not in MOVED]
+    linked = linked_from(REPO / "README.md")
+    assert [page.name for page in topics + [RESULTS_INDEX] if page.resolve() not in linked] == []
+
+
+def test_every_results_page_is_in_the_index():
+    days = [page for page in PAGES if page.parent == RESULTS_INDEX.parent and page != RESULTS_INDEX]
+    assert days, "docs/results/ holds no dated page"
+    linked = linked_from(RESULTS_INDEX)
+    assert [page.name for page in days if page.resolve() not in linked] == []
+
+
+@pytest.mark.parametrize("page", sorted(MOVED), ids=lambda p: p.name)
+def test_a_moved_page_only_points_to_its_new_place(page):
+    assert linked_from(page) == {MOVED[page].resolve()}
+    assert len(page.read_text().splitlines()) <= 5
 
 
 def help_commands() -> List[Tuple[str, List[str]]]:
