@@ -27,16 +27,10 @@ from src.cpu_convolution import (
     weights_frozen,
 )
 from src.cpu_convolution.bf16_choice import bf16_verdict
-from src.cpu_convolution.cells import (
-    OUTPUT_BLOCKED,
-    BlockedToPlain,
-    InputFork,
-    OneDnnBatchNorm2d,
-    OneDnnMaxPool,
-    _swap_batch_norm,
-    _swap_convolution,
-    max_pool_ops,
-)
+from src.cpu_convolution.convolution import _swap_convolution
+from src.cpu_convolution.custom_ops import OUTPUT_BLOCKED
+from src.cpu_convolution.layers import BlockedToPlain, InputFork, OneDnnMaxPool, max_pool_ops
+from src.cpu_convolution.normalization import OneDnnBatchNorm2d, _swap_batch_norm
 from src.data.sample_data import write_sample_data
 from src.errors import UserInputError
 from src.openmp import SPIN_COUNT, set_openmp_environment

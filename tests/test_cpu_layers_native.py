@@ -11,17 +11,10 @@ from mindspore import Tensor, nn
 
 from conftest import PYTHON, REPO, last_json, run
 from src.cpu_convolution import library, unavailable_reason, use_onednn_layers, weights_frozen
-from src.cpu_convolution.cells import (
-    INPUT_BLOCKED,
-    OUTPUT_BLOCKED,
-    _aot,
-    _norm_backward_shape,
-    _norm_forward_shape,
-    _of_input,
-    _swap_convolution,
-    record,
-    to_plain_op,
-)
+from src.cpu_convolution.convolution import _swap_convolution
+from src.cpu_convolution.custom_ops import INPUT_BLOCKED, OUTPUT_BLOCKED, _aot, _of_input, record
+from src.cpu_convolution.layers import to_plain_op
+from src.cpu_convolution.normalization import _norm_backward_shape, _norm_forward_shape
 from src.errors import explain_native_errors_with, user_error_message
 from src.resnet import create_model
 

@@ -33,7 +33,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from src.cpu_convolution import fake_quant_op, learned_scale_quant_ops, unavailable_reason
-from src.cpu_convolution.cells import record
+from src.cpu_convolution.custom_ops import record
 from src.errors import UserInputError, require_module
 
 from . import INSTALL_HINT, LSQ, QAT

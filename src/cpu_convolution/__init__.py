@@ -2,7 +2,7 @@
 
 MindSpore's CPU convolutions hand oneDNN plain NCHW tensors; these kernels let oneDNN choose its
 blocked layouts and cache a primitive per shape. In a ResNet the convolutions, BatchNorms and the
-stem's max pool all run here and the tensors stay blocked between them (cells.py); elsewhere the
+stem's max pool all run here and the tensors stay blocked between them (layers.py); elsewhere the
 convolutions alone, reordering NCHW in and out. Weights stay ordinary NCHW Parameters, so
 checkpoints, conversion and export are unchanged. Only the entry points choose (choose_convolutions)
 and build networks with them (src.resnet.create_model's `convolutions`)."""
@@ -13,16 +13,8 @@ from mindspore import nn
 
 from src.cpu import cpu_model
 from src.cpu_convolution.bf16_choice import ProbeLayer, bf16_verdict
-from src.cpu_convolution.cells import (
-    OneDnnConv2d,
-    all_finite_op,
-    fake_quant_op,
-    learned_scale_quant_ops,
-    momentum_step_op,
-    unscale_all_finite_op,
-    use_onednn_convolutions,
-    use_onednn_layers,
-)
+from src.cpu_convolution.convolution import OneDnnConv2d, use_onednn_convolutions
+from src.cpu_convolution.layers import use_onednn_layers
 from src.cpu_convolution.library import (
     channels_per_block,
     freeze_weights,
@@ -32,6 +24,8 @@ from src.cpu_convolution.library import (
     thaw_weights,
     unavailable_reason,
 )
+from src.cpu_convolution.quantization import fake_quant_op, learned_scale_quant_ops
+from src.cpu_convolution.step_ops import all_finite_op, momentum_step_op, unscale_all_finite_op
 from src.errors import UserInputError, explain_native_errors_with
 
 CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")

@@ -13,7 +13,7 @@ ONEDNN_VERSION = 30200  # the onednn-cpu-gomp 2023.2.0 package: oneDNN 3.2.0
 BUILD_HINT = "bash scripts/setup_env.sh builds it (it needs g++ and the onednn-devel-cpu-gomp package)"
 ISAS = ("avx2", "avx512_core", "avx512_core_bf16", "avx512_core_amx", "all")  # CapIsa's names
 
-# The parameter records cells.py writes and the argument slots its ops pass, in order; the library
+# The parameter records the ops write (custom_ops.record) and the argument slots they pass, in order; the library
 # defines the same lists (native/core.hpp) and unavailable_reason refuses a library whose differ.
 RECORDS: Dict[str, Tuple[str, ...]] = {
     "ConvParams": ("stride_h", "stride_w", "pad_top", "pad_bottom", "pad_left", "pad_right", "dilation_h",

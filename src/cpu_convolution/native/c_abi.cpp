@@ -142,7 +142,7 @@ EXPORT uint64_t FrozenVersion() { return g_frozen_version; }
 // How many floats the training forward of a convolution (x, w -> y shapes, ConvParams `record`) writes
 // into its `matrix` output for the backward of its image gradient: a dense layer's matrix
 // (as_dense_layer, in float32), the taps that meet an image inside the kernel (image_inside_kernel),
-// else 0. cells.py sizes that output by it.
+// else 0. convolution.py sizes that output by it.
 EXPORT int64_t WeightMatrixElements(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
     ConvParams p;
     std::memcpy(&p, record, sizeof(p));

@@ -185,7 +185,7 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
     if (inside) w_user = w_user.submemory_desc(w_conv, {0, 0, p.pad_top, p.pad_left});  // those taps of the OIHW buffer
     // Those taps are strided through the whole OIHW buffer (a ninth of it at 1x1 images), which the
     // forward's and the image gradient's weight reorders each read. A training forward copies them out
-    // once, into its `matrix` output, and the image gradient's backward, handed that copy (cells.py's
+    // once, into its `matrix` output, and the image gradient's backward, handed that copy (convolution.py's
     // bprop), reorders from it.
     const auto taps = weights_desc(w_conv, p.groups, dt::f32, tag::oihw);
     const bool taps_handed = inside && !p.inference && kind != kConvBackwardWeights &&

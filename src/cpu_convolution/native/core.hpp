@@ -58,7 +58,7 @@ namespace resnet_conv {
 using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
-// The parameter records and argument slots, each defined once here as a list of names; cells.py
+// The parameter records and argument slots, each defined once here as a list of names; custom_ops.py
 // writes the records and passes the arguments by the same names, and checks them against these lists
 // (RecordFields, KernelSlots) when the library loads, so a field moved on either side is refused.
 //
@@ -282,7 +282,7 @@ inline dt data_type(const char *name) { return std::strcmp(name, "bfloat16") == 
 inline int64_t element_size(const char *name) { return data_type(name) == dt::bf16 ? 2 : 4; }
 
 // The layouts a blocked activation may have: element counts equal to N*C*H*W when C is a multiple
-// of the block (cells.py keeps other layers plain).
+// of the block (layers.py keeps other layers plain).
 const std::pair<tag, const char *> kLayouts[] = {
     {tag::aBcd16b, "nChw16c"}, {tag::aBcd8b, "nChw8c"}, {tag::acdb, "nhwc"}, {tag::abcd, "nchw"}};
 

@@ -205,8 +205,8 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
     Plan *self = plan.get();
     const bool gradient = kind == kConvBackwardWeights;
     // A training forward writes its matrix into its `matrix` output, which the backward of the image
-    // gradient is given (cells.py's bprop): built once per step, not twice. The slot is used when it
-    // holds the whole matrix (cells.py sizes it by WeightMatrixElements); else the shared buffer.
+    // gradient is given (convolution.py's bprop): built once per step, not twice. The slot is used when it
+    // holds the whole matrix (convolution.py sizes it by WeightMatrixElements); else the shared buffer.
     const bool in_slot = !keeps && !gradient && matrix_elements == rows * columns;
     const int matrix_slot = kind == kConvForward ? int(conv_forward::matrix) : int(conv_backward_data::matrix);
     const bool given = in_slot && kind == kConvBackwardData;  // built by the forward
