@@ -58,6 +58,6 @@ if [[ ! -f $STAMP || $(cat "$STAMP") != "$WANTED" ]]; then
     echo "$WANTED" > "$STAMP"
 fi
 
-# This repository's CPU convolutions (src/cpu_convolution), against the oneDNN just installed: built
+# This repository's CPU convolutions (src/cpu_layers), against the oneDNN just installed: built
 # when missing or older than their source. Without g++ training uses MindSpore's convolutions.
-bash "$ROOT/src/cpu_convolution/native/build.sh" "$VENV" || true
+bash "$ROOT/src/cpu_layers/native/build.sh" "$VENV" || true

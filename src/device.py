@@ -107,7 +107,7 @@ def init_device(device_target: str, *, device_id: Optional[int] = 0, mode_name: 
     on 2 cores). MindSpore accepts this once per process. Calls of compiled cells get the quicker
     compile_phase setter (quicken_compiled_calls). `cap_cpu_isa` False leaves MindSpore's
     oneDNN uncapped (see prefer_fast_cpu_convolutions): right when none of its convolutions run
-    (src/cpu_convolution's replace them), and its pooling then runs AVX-512 kernels. Returns the
+    (src/cpu_layers's replace them), and its pooling then runs AVX-512 kernels. Returns the
     CPU kernel threads (0 on other devices)."""
     if device_target not in DEVICE_TARGETS:
         raise UserInputError(f"unknown device_target '{device_target}'; choose one of {', '.join(DEVICE_TARGETS)}")

@@ -14,7 +14,7 @@ class UserInputError(ValueError):
 _WRAPPED = re.compile(r"UserInputError: (?!Traceback)(.+)")
 
 
-# Native kernels (src/cpu_convolution) keep their failure's message until asked: MindSpore's own
+# Native kernels (src/cpu_layers) keep their failure's message until asked: MindSpore's own
 # error says only that a custom operator failed. The package registers how to ask when a run uses it.
 _NATIVE_ERRORS: List[Callable[[], str]] = []
 

@@ -1,4 +1,4 @@
-"""OpenMP settings for this repository's CPU layers (src/cpu_convolution). They must be in the
+"""OpenMP settings for this repository's CPU layers (src/cpu_layers). They must be in the
 environment before MindSpore is imported: importing it loads GNU OpenMP, which reads them once."""
 import os
 from typing import MutableMapping, Optional

@@ -17,7 +17,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import initializer as init
 
-from src.cpu_convolution import IMPLEMENTATIONS, use_onednn_layers
+from src.cpu_layers import IMPLEMENTATIONS, use_onednn_layers
 from src.errors import UserInputError
 
 
@@ -84,7 +84,7 @@ class BasicBlock(nn.Cell):
     """Two 3x3 convolutions (ResNet18/34)."""
     expansion = 1
     # What follows each BatchNorm, for kernels that compute it in the same pass
-    # (src.cpu_convolution.use_onednn_layers); it sets `norms_activate` when they do.
+    # (src.cpu_layers.use_onednn_layers); it sets `norms_activate` when they do.
     norm_activations = {"bn1": "relu", "bn2": "add_relu"}
     norms_activate = False
 
@@ -100,7 +100,7 @@ class BasicBlock(nn.Cell):
         self.relu = nn.ReLU()
         self.downsample = downsample
         # A cell giving the two branches their own copies of the input, set by
-        # src.cpu_convolution.use_onednn_layers for bfloat16 layers (cells.InputFork says why).
+        # src.cpu_layers.use_onednn_layers for bfloat16 layers (cells.InputFork says why).
         self.input_fork = None
 
     @property
@@ -183,7 +183,7 @@ class Classifier(nn.Cell):
         self.mean = ops.ReduceMean(keep_dims=False)
         self.fc = nn.Dense(features, num_classes)
         self.backbone_frozen = False  # set by train_head_only; a constant of the compiled graph
-        # src.cpu_convolution.use_onednn_layers sets a cell here: the features come out of a blocked layout.
+        # src.cpu_layers.use_onednn_layers sets a cell here: the features come out of a blocked layout.
         self.features_to_plain = None
 
     def construct(self, x):
@@ -201,7 +201,7 @@ class ResNet(Classifier):
     """conv1/bn1/relu/maxpool stem, layer1..4, global average pool, fc."""
     norm_activations = {"bn1": "relu"}  # as BasicBlock's
     norms_activate = False
-    # src.cpu_convolution.use_onednn_layers may keep every tensor from the stem's convolution (which
+    # src.cpu_layers.use_onednn_layers may keep every tensor from the stem's convolution (which
     # reads the image) to the head in oneDNN's blocked layout: the stem pool is Border + MaxPool2d, the
     # head takes its features through features_to_plain.
     blocked_layers = {"stem": "conv1", "pool": "maxpool"}
@@ -424,7 +424,7 @@ def _torchvision_family(net_name: str, num_classes: int) -> ResNet:
 
 def probe_layers(net_name: str, image_size: int, batch_size: int) -> List[Tuple[int, int, int, int, int, int]]:
     """A few of the network's own convolutions to time bfloat16 against float32 with
-    (src.cpu_convolution.choose_convolutions): each stage's 3x3 of a later block at its feature-map
+    (src.cpu_layers.choose_convolutions): each stage's 3x3 of a later block at its feature-map
     size, as (batch, in channels, input size, out channels, kernel, stride), the batch at most 16 (the
     two types compare alike at larger ones, and the probe stays well under a second). Ungrouped:
     ResNeXt's grouped 3x3s are timed as plain ones. SE-ResNet50 is timed as ResNet50."""
@@ -446,8 +446,8 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
                  convolutions: str = "mindspore", initialize: bool = True) -> Classifier:
     """Build a network by name: a key of ARCHS ('resnet18' ... 'wide_resnet101_2') or the zoo's
     'se-resnet50'. `convolutions`: 'mindspore' (nn.Conv2d as it is), or on CPU this repository's
-    oneDNN kernels, 'onednn' (float32) or 'onednn-bf16' (see src/cpu_convolution and
-    src.cpu_convolution.choose_convolutions); the parameters are the same either way.
+    oneDNN kernels, 'onednn' (float32) or 'onednn-bf16' (see src/cpu_layers and
+    src.cpu_layers.choose_convolutions); the parameters are the same either way.
     `initialize` False leaves the cells' default values for a network whose every parameter is
     loaded next (a checkpoint, converted weights): drawing conv_init's and dense_init's took ~70%
     of the build (ResNet18 0.46 -> 0.15 s, ResNet50 0.98 -> 0.28 s, wide_resnet101_2 3.7-4.7 ->
@@ -469,7 +469,7 @@ def create_model(net_name: str, *, num_classes: int = 1000, conv_init: str = "ka
 
 
 def check_convolutions(convolutions: str) -> None:
-    """`convolutions` is one of src.cpu_convolution.IMPLEMENTATIONS."""
+    """`convolutions` is one of src.cpu_layers.IMPLEMENTATIONS."""
     if convolutions not in IMPLEMENTATIONS:
         raise UserInputError(f"unknown convolutions '{convolutions}'; choose one of {', '.join(IMPLEMENTATIONS)}")
 

@@ -3,8 +3,8 @@ The entry points that train, evaluate or compare set it up here, once, before th
 (export.py and predict.py run MindSpore's own layers: src.device.init_device is all they need)."""
 from typing import NamedTuple, Optional, Sequence
 
-from src.cpu_convolution import ProbeLayer, choose_convolutions
-from src.cpu_convolution import set_threads as set_convolution_threads
+from src.cpu_layers import ProbeLayer, choose_convolutions
+from src.cpu_layers import set_threads as set_convolution_threads
 from src.device import init_device, kernel_threads
 
 
@@ -29,7 +29,7 @@ def set_up_runtime(device_target: str, *, cpu_convolution: str, mode_name: str =
                    device_id: Optional[int] = 0, processes_per_node: int = 1, cpu_threads: int = 0,
                    amp_level: str = "O0", optimizer: str = "Momentum", cpu_amp_dtype: str = "auto",
                    probe_layers: Sequence[ProbeLayer] = (), mindspore_stages: Sequence[str] = ()) -> Runtime:
-    """Choose the convolutions (src.cpu_convolution.choose_convolutions; with `probe_layers` it may
+    """Choose the convolutions (src.cpu_layers.choose_convolutions; with `probe_layers` it may
     time them on this process's threads), then select the device (src.device.init_device, its oneDNN
     capped where MindSpore's convolutions will run: caps_mindspore_isa, with `mindspore_stages` naming
     the stages that run them beside ours) and give ours the same threads."""

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from conftest import PYTHON, needs_torch, run
-from src.cpu_convolution import library, unavailable_reason
+from src.cpu_layers import library, unavailable_reason
 from tools.benchmarking.cpu_paths import compute_paths
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier

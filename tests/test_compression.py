@@ -28,7 +28,7 @@ from src.compression import (
     compression_convolutions,
     quantizer_names,
 )
-from src.cpu_convolution import unavailable_reason
+from src.cpu_layers import unavailable_reason
 from src.deploy.exporting import check_export_compression
 from src.errors import UserInputError
 from src.training.checkpoint import read_checkpoint
@@ -215,7 +215,7 @@ def test_a_fake_quant_range_of_another_channel_count_is_one_line_naming_the_kern
     import mindspore as ms
 
     from src.compression.qat import CpuFakeQuant
-    from src.cpu_convolution.library import take_error
+    from src.cpu_layers.library import take_error
     from src.errors import explain_native_errors_with, user_error_message
     explain_native_errors_with(take_error)
     quant = CpuFakeQuant(8, True, True, 0, kernel=True)

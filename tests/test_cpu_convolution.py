@@ -1,4 +1,4 @@
-"""CPU convolutions: this repository's oneDNN kernels (src/cpu_convolution) equal MindSpore's, are
+"""CPU convolutions: this repository's oneDNN kernels (src/cpu_layers) equal MindSpore's, are
 chosen as the config says, build or say why not; MindSpore's own never fall into oneDNN's reference
 kernel (src/device.py)."""
 import ast
@@ -15,7 +15,7 @@ from mindspore import dtype as mstype
 
 from conftest import NO_CURVES, PYTHON, REPO, last_json, needs_torch, run
 from src.cpu import cpu_flags, cpu_model
-from src.cpu_convolution import (
+from src.cpu_layers import (
     OneDnnConv2d,
     all_finite_op,
     choose_convolutions,
@@ -26,11 +26,11 @@ from src.cpu_convolution import (
     use_onednn_layers,
     weights_frozen,
 )
-from src.cpu_convolution.bf16_choice import bf16_verdict
-from src.cpu_convolution.convolution import _swap_convolution
-from src.cpu_convolution.custom_ops import OUTPUT_BLOCKED
-from src.cpu_convolution.layers import BlockedToPlain, InputFork, OneDnnMaxPool, max_pool_ops
-from src.cpu_convolution.normalization import OneDnnBatchNorm2d, _swap_batch_norm
+from src.cpu_layers.bf16_choice import bf16_verdict
+from src.cpu_layers.convolution import _swap_convolution
+from src.cpu_layers.custom_ops import OUTPUT_BLOCKED
+from src.cpu_layers.layers import BlockedToPlain, InputFork, OneDnnMaxPool, max_pool_ops
+from src.cpu_layers.normalization import OneDnnBatchNorm2d, _swap_batch_norm
 from src.data.sample_data import write_sample_data
 from src.errors import UserInputError
 from src.openmp import SPIN_COUNT, set_openmp_environment
@@ -129,7 +129,7 @@ def test_forward_and_both_gradients_equal_mindspores_at_float32_rounding(shape):
 UNDER_A_CAP = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from src.cpu_convolution import library
+from src.cpu_layers import library
 library.cap_isa(sys.argv[1])  # before the first primitive: the whole run sees a CPU of that ISA
 import pytest
 
@@ -455,7 +455,7 @@ def test_the_host_probe_times_the_layers_and_decides_by_its_timings(tmp_path):
 CAPPED_CHOICE = """
 import json, sys
 sys.path.insert(0, {repo!r})
-from src.cpu_convolution import choose_convolutions, library
+from src.cpu_layers import choose_convolutions, library
 from src.resnet import probe_layers
 library.cap_isa(sys.argv[1])
 choice, _ = choose_convolutions("auto", device_target="CPU", amp_level="O2", cache_file=sys.argv[2],
@@ -500,7 +500,7 @@ def test_bf16_convolutions_stay_close_to_float32():
 
 def test_the_build_says_why_in_one_line_without_a_compiler(tmp_path):
     native = tmp_path / "native"
-    shutil.copytree(REPO / "src" / "cpu_convolution" / "native", native,
+    shutil.copytree(REPO / "src" / "cpu_layers" / "native", native,
                     ignore=shutil.ignore_patterns("*.so", "*.so.3", "build.log"))
     venv = REPO / ".venv"
     env = dict(os.environ, CXX="no-such-g++")  # a compiler that is not on PATH

@@ -1,4 +1,4 @@
-"""The CPU layers' native library (src/cpu_convolution/native/*.cpp) against what it may be
+"""The CPU layers' native library (src/cpu_layers/native/*.cpp) against what it may be
 given: parameter records and argument slots defined once and checked on both sides, bad arguments
 refused with one line naming the kernel and its shapes, a bounded plan cache, thread changes, other
 batch sizes, grouped and dilated convolutions in the blocked layout, and an AVX2-capped oneDNN."""
@@ -10,11 +10,11 @@ import pytest
 from mindspore import Tensor, nn
 
 from conftest import PYTHON, REPO, last_json, run
-from src.cpu_convolution import library, unavailable_reason, use_onednn_layers, weights_frozen
-from src.cpu_convolution.convolution import _swap_convolution
-from src.cpu_convolution.custom_ops import INPUT_BLOCKED, OUTPUT_BLOCKED, _aot, _of_input, record
-from src.cpu_convolution.layers import to_plain_op
-from src.cpu_convolution.normalization import _norm_backward_shape, _norm_forward_shape
+from src.cpu_layers import library, unavailable_reason, use_onednn_layers, weights_frozen
+from src.cpu_layers.convolution import _swap_convolution
+from src.cpu_layers.custom_ops import INPUT_BLOCKED, OUTPUT_BLOCKED, _aot, _of_input, record
+from src.cpu_layers.layers import to_plain_op
+from src.cpu_layers.normalization import _norm_backward_shape, _norm_forward_shape
 from src.errors import explain_native_errors_with, user_error_message
 from src.resnet import create_model
 
@@ -78,7 +78,7 @@ def convolution_pair(cin: int, cout: int, **kwargs):
 
 def test_the_plan_cache_is_bounded_and_keyed_by_threads_and_shapes():
     theirs, ours = convolution_pair(16, 16, padding=1)
-    from src.cpu_convolution import use_onednn_convolutions
+    from src.cpu_layers import use_onednn_convolutions
     use_onednn_convolutions(ours, image_gradient=True)
     limit = library.set_plan_limit(0)
     try:
@@ -210,7 +210,7 @@ import json, sys
 sys.path.insert(0, {repo!r})
 sys.path.insert(0, {tests!r})
 import test_cpu_layers_native
-from src.cpu_convolution import library
+from src.cpu_layers import library
 if sys.argv[1] != "all":
     library.cap_isa(sys.argv[1])
 print(json.dumps(getattr(test_cpu_layers_native, sys.argv[2])()))
@@ -331,7 +331,7 @@ def momentum_step_outcome() -> dict:
     with odd tails, against numpy's float32 operations in MindSpore's order: the weight and moment
     elements whose bits differ after a step; then a step with one infinite gradient, which must move
     nothing; and the ISA cap in force (AVX2: the loops compiled for any x86_64, else AVX-512's)."""
-    from src.cpu_convolution import momentum_step_op
+    from src.cpu_layers import momentum_step_op
     rng = np.random.default_rng(4)
     sizes, decays = (70001, 1000, 17), np.array([1e-4, 0.0, 5e-5], np.float32)
     factor, lr, momentum = np.float32(0.37), np.float32(0.1), np.float32(0.9)

@@ -23,7 +23,7 @@ DIST_SH = str(REPO / "scripts" / "run_distribute_train.sh")
 # Frozen BatchNorm: per-rank batch statistics legitimately differ from one batch of 2b.
 # The optimization recipe is on: 2 micro-batches per step (gradients cross ranks once per step),
 # clipping of the averaged gradients, and an EMA updated every step; 6 steps of 32 images.
-# lr 0.002: the CPU layers (src/cpu_convolution) sum a batch in blocked order, so halving it moves
+# lr 0.002: the CPU layers (src/cpu_layers) sum a batch in blocked order, so halving it moves
 # gradients by float32 rounding (~1e-6), which these 6 steps at lr 0.02 amplified to 1.7e-5 in
 # the weights (MindSpore's own convolutions happen to be split-invariant bit for bit); at 0.002 the
 # difference stays at 1.2e-7, and an error in the averaging still moves weights by ~1e-3.

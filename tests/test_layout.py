@@ -15,9 +15,9 @@ COMPOSERS = {"src.runtime", "src.training.data", "src.training.factory", "src.tr
              "src.deploy.exporting", "src.migration.zoo_fine_tune", "src.migration.dumped_batches",
              "src.migration.learning", "src.migration.nonfinite_replay", "src.migration.train_sides",
              "src.migration.train_steps"}
-# Sub-packages below a leaf face (src.resnet builds its convolutions with src.cpu_convolution): they
+# Sub-packages below a leaf face (src.resnet builds its convolutions with src.cpu_layers): they
 # import building blocks only.
-LEAF_PACKAGES = {"src.cpu_convolution"}
+LEAF_PACKAGES = {"src.cpu_layers"}
 
 
 def within(name: str, packages) -> bool:
@@ -73,7 +73,7 @@ def test_src_top_level_keeps_the_faces_and_at_most_12_modules():
     for face in ("dataset.py", "resnet.py", "runtime.py"):
         assert face in top
     packages = sorted(p.parent.name for p in (REPO / "src").glob("*/__init__.py"))
-    assert packages == ["compression", "config", "cpu_convolution", "data", "deploy", "evaluation", "migration",
+    assert packages == ["compression", "config", "cpu_layers", "data", "deploy", "evaluation", "migration",
                         "training"]
 
 
@@ -94,7 +94,7 @@ def test_imports_go_one_way():
 
 # Sub-packages in layers: a module imports its own layer and those below, never one above (the
 # input pipeline knows nothing of deployment, deployment nothing of training, ...).
-SUBPACKAGE_LAYERS = {"src.config": 0, "src.cpu_convolution": 0, "src.data": 0, "src.compression": 1, "src.deploy": 1,
+SUBPACKAGE_LAYERS = {"src.config": 0, "src.cpu_layers": 0, "src.data": 0, "src.compression": 1, "src.deploy": 1,
                      "src.evaluation": 1, "src.training": 2, "src.migration": 3}
 
 

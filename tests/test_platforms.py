@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 
 from conftest import REPO
 from src.cpu import is_x86
-from src.cpu_convolution import choose_convolutions, unavailable_reason
+from src.cpu_layers import choose_convolutions, unavailable_reason
 from src.device import prefer_fast_cpu_convolutions
 from src.errors import UserInputError
 from src.openmp import set_openmp_environment

@@ -17,7 +17,7 @@ from src.compression import check_checkpoint_compression, mindspore_convolution_
 from src.compression.prune import full_widths, kept_channels, prune_blocks, pruned_widths
 from src.compression.scop import knockoff_batch, knockoff_scores
 from src.config import load_config
-from src.cpu_convolution import use_onednn_layers
+from src.cpu_layers import use_onednn_layers
 from src.errors import UserInputError
 from src.evaluation.model_summary import model_summary
 from src.resnet import create_model

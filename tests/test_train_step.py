@@ -12,7 +12,7 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 
 from conftest import PYTHON, REPO, run
-from src.cpu_convolution import (
+from src.cpu_layers import (
     all_finite_op,
     momentum_step_op,
     unavailable_reason,

@@ -15,7 +15,7 @@ from mindspore.train.callback._callback import InternalCallbackParam
 from PIL import Image
 
 from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run, train_args
-from src.cpu_convolution import unavailable_reason
+from src.cpu_layers import unavailable_reason
 from src.data.sources import CIFAR_RECORD_BYTES
 from src.evaluation.profile_table import find_summary, read_summary
 from src.training.callbacks import PLOT_EVERY_SECONDS, ProfilerMonitor, RecordPlotter
@@ -94,7 +94,7 @@ def test_profiler_table_names_the_convolutions(sample_run):
     shares = [float(row["share"]) for row in table]
     assert 0 < sum(shares) <= 1 + 1e-9 and shares == sorted(shares, reverse=True)
     kinds = {row["op_type"] for row in table}
-    # cpu_convolution auto: this repository's layers, named by the cell that runs them (src/cpu_convolution)
+    # cpu_convolution auto: this repository's layers, named by the cell that runs them (src/cpu_layers)
     expected = ({"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput"} if unavailable_reason()
                 else {"Custom:OneDnnConv2d", "Custom:OneDnnConv2d backward"})
     assert expected <= kinds, kinds

@@ -129,7 +129,7 @@ def measure_latency(sources: Sequence[str], compression: str, calls: int = 50) -
     import mindspore as ms
 
     from src.compression import compression_convolutions
-    from src.cpu_convolution import weights_frozen
+    from src.cpu_layers import weights_frozen
     from src.runtime import set_up_runtime
     from src.training.checkpoint import network_from_checkpoint
     cpu_convolution, _ = compression_convolutions(compression, "auto", "CPU")

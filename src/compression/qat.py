@@ -9,7 +9,7 @@ So the cells are wrapped here, in place, with the very quantization cells apply 
 algorithm's own layer policies (its default config: int8, weights per channel, activations per
 tensor, BatchNorm unfused) around every nn.Conv2d and nn.Dense. Its fake-quantizer kernels exist on
 GPU and Ascend only; on CPU their two steps (range update, nudged rounding) are computed here
-(CpuMinMaxUpdate, CpuFakeQuant: the rounding in src/cpu_convolution's kernel where the library is
+(CpuMinMaxUpdate, CpuFakeQuant: the rounding in src/cpu_layers's kernel where the library is
 built, else from standard operators, the same bits) in the same quantizer cells, so parameters,
 checkpoints and Golden Stick's `convert` are the same on every device.
 
@@ -19,7 +19,7 @@ channel); its weights' step sizes start where its `apply` starts them, from thei
 batch (src/compression/lsq.py: 6 left them clipped). Its kernels
 (FakeLearnedScaleQuantPerLayer/PerChannel) are GPU and Ascend only too (no CPU kernel in MindSpore
 2.10); CpuLearnedScaleQuant computes them on CPU, forward and gradient as the GPU kernel does (in
-src/cpu_convolution's kernel too where the library is built).
+src/cpu_layers's kernel too where the library is built).
 """
 import copy
 import importlib
@@ -32,8 +32,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from src.cpu_convolution import fake_quant_op, learned_scale_quant_ops, unavailable_reason
-from src.cpu_convolution.custom_ops import record
+from src.cpu_layers import fake_quant_op, learned_scale_quant_ops, unavailable_reason
+from src.cpu_layers.custom_ops import record
 from src.errors import UserInputError, require_module
 
 from . import INSTALL_HINT, LSQ, QAT
@@ -105,7 +105,7 @@ class CpuFakeQuant(nn.Cell):
     """FakeQuantPerLayer/PerChannel from standard operators: x clipped to the nudged range (so 0 is
     exact) and rounded onto its 2^num_bits levels; the gradient passes where x is inside the range,
     its ends included (straight-through), as the kernels' gradients do. With `kernel` float32 inputs
-    take src/cpu_convolution's FakeQuant instead: the same bits in one op each way, which compiles in
+    take src/cpu_layers's FakeQuant instead: the same bits in one op each way, which compiles in
     a fraction of the time (resnet10's QAT training graph: 3.4 s against 8.7 s)."""
 
     def __init__(self, num_bits: int = 8, symmetric: bool = False, narrow_range: bool = False, channel_axis=None,
@@ -155,7 +155,7 @@ class CpuLearnedScaleQuant(nn.Cell):
     quant_max). Its gradient is the kernel's, so it is written out (bprop): dx passes where r is
     inside the range, its ends included; dalpha sums dout x (q - r) inside, dout above the range and
     -dout below it (also with neg_trunc, where the output below is 0 and the exact derivative 0:
-    the kernel's choice, kept). With `kernel` float32 inputs take src/cpu_convolution's
+    the kernel's choice, kept). With `kernel` float32 inputs take src/cpu_layers's
     LearnedScaleQuant instead, one op each way: the forward's bits and dx's, dalpha to float32
     rounding (its sums are added in another order)."""
 
@@ -207,7 +207,7 @@ def cpu_fake_quantizers() -> str:
     """How the fake quantizers (SimQAT's, LSQ's) compute on CPU, in a phrase for the run's log."""
     reason = unavailable_reason()
     if reason is None:
-        return "its fake quantizers run in src/cpu_convolution's kernel"
+        return "its fake quantizers run in src/cpu_layers's kernel"
     return (f"its fake quantizers run as MindSpore's standard operators, slower to compile and run (this "
             f"repository's CPU library: {reason})")
 

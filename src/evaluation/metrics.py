@@ -6,7 +6,7 @@ from mindspore import Tensor, nn
 from mindspore.train import Metric
 
 from src.collective import all_reduce_sum
-from src.cpu_convolution import weights_frozen
+from src.cpu_layers import weights_frozen
 from src.data.host_stage import padded_to
 from src.data.input_stage import WithInputStage
 

@@ -59,7 +59,7 @@ def read_summary(path: str, steps: int) -> List[OperatorTime]:
 def custom_operators(detail_path: str) -> List[tuple]:
     """(op type, calls, ms) of the Custom operators in the CPU profiler's per-operator file, named
     by the cell class that runs them, backward apart: 'Custom:OneDnnConv2d', 'Custom:OneDnnConv2d
-    backward' (src/cpu_convolution's layers); 'Custom:top cell' for those of the graph's own cell (the
+    backward' (src/cpu_layers's layers); 'Custom:top cell' for those of the graph's own cell (the
     training step's optimizer and gradient check). Empty when the file is not there or has none."""
     if not os.path.isfile(detail_path):
         return []

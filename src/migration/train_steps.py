@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Tuple
 import mindspore as ms
 
 from src.config import Config
-from src.cpu_convolution import use_onednn_convolutions
+from src.cpu_layers import use_onednn_convolutions
 from src.migration.dumped_batches import Batch
 from src.migration.layer_diff import LayerRow, find_first_difference
 from src.migration.torch_training import BATCH_NORM_DEFINITION, DEFINITIONS, TorchSide

@@ -16,7 +16,7 @@ from src.compression.prune import full_widths, prune_blocks, pruned_widths
 from src.compression.qat import cpu_fake_quantizers
 from src.compression.scop import knockoff_scores
 from src.config import Config
-from src.cpu_convolution import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
+from src.cpu_layers import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
 from src.dataset import create_train_input_stage
 from src.errors import UserInputError
 from src.evaluation.model_summary import format_gflops, model_summary, parameter_counts

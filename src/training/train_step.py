@@ -156,7 +156,7 @@ class TrainStep(nn.Cell):
         self.all_finite = all_finite
         self.unscale_all_finite = unscale_all_finite
         # Or, for nn.Momentum without clipping, one op that also decays and updates the weights
-        # (src.cpu_convolution.momentum_step_op): (factor, lr, momentum, decays, *grads, *weights,
+        # (src.cpu_layers.momentum_step_op): (factor, lr, momentum, decays, *grads, *weights,
         # *moments) -> 1 when the step was applied; the optimizer keeps its state, not its construct.
         self.momentum_step = momentum_step
         if momentum_step is not None:

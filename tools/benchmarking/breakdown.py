@@ -57,9 +57,9 @@ def step_taken_apart(runner) -> Dict[str, Dict[str, float]]:
 
 
 def _own_loop_seconds() -> Dict[str, float]:
-    """Our layers' own loop timers (src.cpu_convolution.library.own_loop_seconds), or none where this
+    """Our layers' own loop timers (src.cpu_layers.library.own_loop_seconds), or none where this
     process has not loaded our library (MindSpore's convolutions)."""
-    from src.cpu_convolution import library
+    from src.cpu_layers import library
     return library.own_loop_seconds() if _already_loaded(library.LIBRARY) else {}
 
 
@@ -101,10 +101,10 @@ def rest_by_operator(operators: Dict[str, float]) -> Dict[str, float]:
 
 
 def _onednn_libraries() -> List[ctypes.CDLL]:
-    """The oneDNN copies this process has loaded: MindSpore's, and our layers' (src/cpu_convolution)."""
+    """The oneDNN copies this process has loaded: MindSpore's, and our layers' (src/cpu_layers)."""
     import mindspore
 
-    from src.cpu_convolution.library import NATIVE_DIR
+    from src.cpu_layers.library import NATIVE_DIR
     paths = (os.path.join(os.path.dirname(mindspore.__file__), "lib", "libdnnl.so.3"),
              os.path.join(NATIVE_DIR, "libdnnl_resnet.so.3"))
     return [library for library in map(_already_loaded, paths) if library]

@@ -8,7 +8,7 @@ def cpu_capacity(net_name: str, batch: int, size: int, threads: int, cpu_isa: st
     chooses, `amp_choice`), and this CPU's peak multiply-accumulate rates (`peak_gmacs`: a large
     oneDNN 1x1 convolution in float32 and bfloat16, null where there is none), measured before the
     workers start, on `threads` threads."""
-    from src.cpu_convolution import choose_convolutions, library, unavailable_reason
+    from src.cpu_layers import choose_convolutions, library, unavailable_reason
     from src.resnet import probe_layers
     if unavailable_reason():
         return {"default_path": "mindspore", "amp_choice": None, "peak_gmacs": None}

@@ -25,7 +25,7 @@ def compute_paths(vs_torch: bool, cpu_features: Optional[Set[str]] = None, cpu_i
     PyTorch's NCHW, channels_last and bf16 autocast likewise. `cpu_features` stands in for this
     CPU's flags."""
     from src.cpu import cpu_flags
-    from src.cpu_convolution import unavailable_reason
+    from src.cpu_layers import unavailable_reason
     flags = cpu_flags() if cpu_features is None else cpu_features
     bf16 = bool(flags & {"avx512_bf16", "amx_bf16"}) and cpu_isa not in ("avx2", "avx512_core")
     paths = ["mindspore"]

@@ -62,7 +62,7 @@ class MindSporeRunner:
             self.train_cell.set_train(training)
             self.training = training
             if not training:
-                from src.cpu_convolution import freeze_weights, uses_onednn
+                from src.cpu_layers import freeze_weights, uses_onednn
                 if uses_onednn(self.net):
                     freeze_weights()
 
@@ -98,7 +98,7 @@ def mindspore_runner(args: argparse.Namespace) -> MindSporeRunner:
     """The device set up as train.py sets it for the worker's cpu_convolution and amp_level, and the
     runner; a path that cannot run here (our layers not built) is an error line."""
     set_openmp_environment()  # before the first import of MindSpore, in its workers alone (PyTorch keeps its default)
-    from src.cpu_convolution import library
+    from src.cpu_layers import library
     from src.runtime import set_up_runtime
     if args.cpu_isa != "all" and not library.unavailable_reason():
         library.cap_isa(args.cpu_isa)

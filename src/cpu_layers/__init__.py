@@ -12,10 +12,10 @@ from typing import Callable, Iterator, Optional, Sequence, Tuple
 from mindspore import nn
 
 from src.cpu import cpu_model
-from src.cpu_convolution.bf16_choice import ProbeLayer, bf16_verdict
-from src.cpu_convolution.convolution import OneDnnConv2d, use_onednn_convolutions
-from src.cpu_convolution.layers import use_onednn_layers
-from src.cpu_convolution.library import (
+from src.cpu_layers.bf16_choice import ProbeLayer, bf16_verdict
+from src.cpu_layers.convolution import OneDnnConv2d, use_onednn_convolutions
+from src.cpu_layers.layers import use_onednn_layers
+from src.cpu_layers.library import (
     channels_per_block,
     freeze_weights,
     probe_convolution_ms,
@@ -24,8 +24,8 @@ from src.cpu_convolution.library import (
     thaw_weights,
     unavailable_reason,
 )
-from src.cpu_convolution.quantization import fake_quant_op, learned_scale_quant_ops
-from src.cpu_convolution.step_ops import all_finite_op, momentum_step_op, unscale_all_finite_op
+from src.cpu_layers.quantization import fake_quant_op, learned_scale_quant_ops
+from src.cpu_layers.step_ops import all_finite_op, momentum_step_op, unscale_all_finite_op
 from src.errors import UserInputError, explain_native_errors_with
 
 CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")

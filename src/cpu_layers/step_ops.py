@@ -6,11 +6,11 @@ from mindspore import dtype as mstype
 from mindspore import ops
 from mindspore.ops import signature as sig
 
-from src.cpu_convolution.custom_ops import (
+from src.cpu_layers.custom_ops import (
     _aot,
     _InputsWritten,
 )
-from src.cpu_convolution.library import LIBRARY
+from src.cpu_layers.library import LIBRARY
 
 
 def _one_value(*shapes):

@@ -7,13 +7,13 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
-from src.cpu_convolution.custom_ops import (
+from src.cpu_layers.custom_ops import (
     _aot,
     _of_input,
     _output_size,
     record,
 )
-from src.cpu_convolution.library import weight_matrix_elements
+from src.cpu_layers.library import weight_matrix_elements
 
 
 @functools.lru_cache(maxsize=None)

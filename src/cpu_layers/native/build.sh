@@ -6,7 +6,7 @@
 # than the library; then every translation unit is compiled again, as many at a time as there are
 # cores, into a temporary folder, and linked.
 # Exit status 0 when the library is there afterwards; otherwise one line on stderr and status 1.
-#   bash src/cpu_convolution/native/build.sh VENV
+#   bash src/cpu_layers/native/build.sh VENV
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 VENV=${1:?usage: build.sh VENV}

@@ -6,7 +6,7 @@ from typing import Tuple
 from mindspore import dtype as mstype
 from mindspore import ops
 
-from src.cpu_convolution.library import LIBRARY, RECORDS
+from src.cpu_layers.library import LIBRARY, RECORDS
 
 INPUT_BLOCKED, OUTPUT_BLOCKED = 1, 2  # native/core.hpp's ConvParams.layout bits
 

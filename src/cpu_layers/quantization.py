@@ -5,7 +5,7 @@ from typing import Tuple
 
 from mindspore import ops
 
-from src.cpu_convolution.custom_ops import (
+from src.cpu_layers.custom_ops import (
     _aot,
     _of_input,
 )

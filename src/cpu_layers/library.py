@@ -106,7 +106,7 @@ def unavailable_reason() -> Optional[str]:
         return f"{LIBRARY} runs oneDNN {version} instead of its private copy {ONEDNN_VERSION}; {BUILD_HINT}"
     mismatch = definition_mismatch()
     if mismatch:
-        return f"{LIBRARY} does not match src/cpu_convolution ({mismatch}); {BUILD_HINT}"
+        return f"{LIBRARY} does not match src/cpu_layers ({mismatch}); {BUILD_HINT}"
     return None
 
 

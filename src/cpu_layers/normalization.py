@@ -7,12 +7,12 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.ops import signature as sig
 
-from src.cpu_convolution.custom_ops import (
+from src.cpu_layers.custom_ops import (
     _aot,
     _InputsWritten,
     record,
 )
-from src.cpu_convolution.library import LIBRARY
+from src.cpu_layers.library import LIBRARY
 
 # native/core.hpp's NormParams.activation: what the BatchNorm kernel applies after normalizing.
 ACTIVATIONS = {"none": 0.0, "relu": 1.0, "add_relu": 2.0}

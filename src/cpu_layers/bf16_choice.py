@@ -10,7 +10,7 @@ import json
 import os
 from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
-from src.cpu_convolution.library import isa_cap, probe_convolution_ms
+from src.cpu_layers.library import isa_cap, probe_convolution_ms
 from src.files import write_atomic
 
 # (batch, in channels, input size, out channels, kernel, stride) of one convolution to time.

@@ -18,8 +18,8 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
-from src.cpu_convolution.convolution import _swap_convolution, supported, use_onednn_convolutions
-from src.cpu_convolution.custom_ops import (
+from src.cpu_layers.convolution import _swap_convolution, supported, use_onednn_convolutions
+from src.cpu_layers.custom_ops import (
     INPUT_BLOCKED,
     OUTPUT_BLOCKED,
     _aot,
@@ -27,8 +27,8 @@ from src.cpu_convolution.custom_ops import (
     _output_size,
     record,
 )
-from src.cpu_convolution.library import channels_per_block
-from src.cpu_convolution.normalization import OneDnnBatchNorm2d, _swap_batch_norm, forked_batch_norm_op
+from src.cpu_layers.library import channels_per_block
+from src.cpu_layers.normalization import OneDnnBatchNorm2d, _swap_batch_norm, forked_batch_norm_op
 
 
 @functools.lru_cache(maxsize=None)
