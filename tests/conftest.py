@@ -268,19 +268,22 @@ class WarmStart:
     def __init__(self):
         self.process: Optional[subprocess.Popen] = None
         self.requests, self.replies, self.pending = None, -1, b""
+        self.started_env: dict = {}
         self.cpu_s = 0.0  # the finished runs' CPU seconds, until the warm process is waited for
         self.folder = ""
 
     def environment(self) -> dict:
-        """The environment the warm process started with (this worker's, unbuffered)."""
-        return dict(os.environ, PYTHONUNBUFFERED="1")
+        """The environment the warm process started with (this worker's, unbuffered), or will start
+        with: a test that changes os.environ later does not change what the warm process loaded."""
+        return self.started_env or dict(os.environ, PYTHONUNBUFFERED="1")
 
     def _start(self) -> None:
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
+        self.started_env = self.started_env or dict(os.environ, PYTHONUNBUFFERED="1")  # a restart: as first
         self.process = subprocess.Popen([PYTHON, str(REPO / "tests" / "warm_start.py"), str(request_read),
                                          str(reply_write)], pass_fds=(request_read, reply_write),
-                                        env=self.environment(), cwd=str(REPO))
+                                        env=self.started_env, cwd=str(REPO))
         os.close(request_read)
         os.close(reply_write)
         self.requests = os.fdopen(request_write, "w", encoding="utf-8")

@@ -148,10 +148,8 @@ def dense_matrix_elements(x_shape, cin: int, cout: int, stride: int = 1) -> int:
     out = (x_shape[2] - 1) // stride + 1
     params = record("ConvParams", stride_h=stride, stride_w=stride, pad_top=1, pad_bottom=1, pad_left=1,
                     pad_right=1, dilation_h=1, dilation_w=1, groups=1, bf16=0, layout=0, inference=0)
-    y_shape = (x_shape[0], cout, out, out)
-    if library.convolution_path(x_shape, (cout, cin, 3, 3), y_shape, params) != "dense":
-        return 0
-    return int(np.prod(x_shape[1:]) * np.prod(y_shape[1:]))
+    shapes = (x_shape, (cout, cin, 3, 3), (x_shape[0], cout, out, out), params)
+    return library.weight_matrix_elements(*shapes) if library.convolution_path(*shapes) == "dense" else 0
 
 
 class AfterAConvolution(nn.Cell):
