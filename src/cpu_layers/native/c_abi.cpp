@@ -59,10 +59,14 @@ void drop_kept_reorders(State &s) {
 using namespace resnet_conv;  // the exported functions call the library's internals by name
 
 #define EXPORT __attribute__((visibility("default")))
-#define KERNEL(name, kind)                                                                                     \
+// A Custom op's kernel, with the signature MindSpore calls: KERNEL runs a plan of the cache (run),
+// ENTRY one of the library's own functions.
+#define CUSTOM_OP(name, call)                                                                                  \
     EXPORT int name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) { \
-        return run(kind, nparam, params, ndims, shapes, dtypes);                                              \
+        return call;                                                                                           \
     }
+#define KERNEL(name, kind) CUSTOM_OP(name, run(kind, nparam, params, ndims, shapes, dtypes))
+#define ENTRY(name, function) CUSTOM_OP(name, function(nparam, params, ndims, shapes, dtypes))
 
 extern "C" {
 
@@ -79,42 +83,14 @@ KERNEL(Sum, kSum)
 KERNEL(NormForwardForked, kNormForwardForked)
 KERNEL(NormBackwardSummed, kNormBackwardSummed)
 
-EXPORT int Fork(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-    return fork_copies(nparam, params, ndims, shapes, dtypes);
-}
-
-EXPORT int AllFinite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-    return all_finite(nparam, params, ndims, shapes, dtypes);
-}
-
-EXPORT int UnscaleAllFinite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                            void *) {
-    return unscale_all_finite(nparam, params, ndims, shapes, dtypes);
-}
-
-EXPORT int FakeQuant(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-    return fake_quant_forward(nparam, params, ndims, shapes, dtypes);
-}
-
-EXPORT int FakeQuantGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                         void *) {
-    return fake_quant_backward(nparam, params, ndims, shapes, dtypes);
-}
-
-EXPORT int LearnedScaleQuant(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                             void *) {
-    return lsq_forward(nparam, params, ndims, shapes, dtypes);
-}
-
-EXPORT int LearnedScaleQuantGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                                 void *) {
-    return lsq_backward(nparam, params, ndims, shapes, dtypes);
-}
-
-EXPORT int MomentumStep(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                        void *) {
-    return momentum_step(nparam, params, ndims, shapes, dtypes);
-}
+ENTRY(Fork, fork_copies)
+ENTRY(AllFinite, all_finite)
+ENTRY(UnscaleAllFinite, unscale_all_finite)
+ENTRY(FakeQuant, fake_quant_forward)
+ENTRY(FakeQuantGrad, fake_quant_backward)
+ENTRY(LearnedScaleQuant, lsq_forward)
+ENTRY(LearnedScaleQuantGrad, lsq_backward)
+ENTRY(MomentumStep, momentum_step)
 
 // For the Python side (ctypes, library.py).
 

@@ -196,13 +196,17 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
     auto forward = dnnl::convolution_forward::primitive_desc(
         engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_any, w_any, y_any,
         strides, dilation, pad_l, pad_r, attr);
+    // The weights: the taps' copy where the forward hands it, else the OIHW buffer.
+    auto weights = [&](int w_slot, int matrix_slot, const memory::desc &wanted) {
+        return taps_handed ? operand(DNNL_ARG_WEIGHTS, matrix_slot, false, taps, wanted)
+                           : operand(DNNL_ARG_WEIGHTS, w_slot, false, w_user, wanted);
+    };
     auto plan = std::make_unique<Plan>();
     if (kind == kConvForward) {
         plan->primitive = dnnl::convolution_forward(forward);
         using namespace conv_forward;
         plan->operands = {operand(DNNL_ARG_SRC, x, false, x_user, forward.src_desc()),
-                          taps_handed ? operand(DNNL_ARG_WEIGHTS, matrix, false, taps, forward.weights_desc())
-                                      : operand(DNNL_ARG_WEIGHTS, w, false, w_user, forward.weights_desc()),
+                          weights(w, matrix, forward.weights_desc()),
                           operand(DNNL_ARG_DST, y, true, y_user, forward.dst_desc())};
         if (taps_handed) {
             plan->prelude = std::make_unique<Plan>();
@@ -219,8 +223,7 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
         plan->primitive = dnnl::convolution_backward_data(backward);
         using namespace conv_backward_data;
         plan->operands = {operand(DNNL_ARG_DIFF_DST, dy, false, y_user, backward.diff_dst_desc()),
-                          taps_handed ? operand(DNNL_ARG_WEIGHTS, matrix, false, taps, backward.weights_desc())
-                                      : operand(DNNL_ARG_WEIGHTS, w, false, w_user, backward.weights_desc()),
+                          weights(w, matrix, backward.weights_desc()),
                           operand(DNNL_ARG_DIFF_SRC, dx, true, x_user, backward.diff_src_desc())};
         own_scratchpad(*plan, backward);
     } else {

@@ -299,6 +299,16 @@ inline void own_scratchpad(Plan &plan, const PrimitiveDesc &pd) {
     plan.scratchpad = pd.scratchpad_desc();
 }
 
+// A plan of one oneDNN primitive: the primitive made from `pd`, its operands and its scratchpad.
+template <typename Primitive>
+std::unique_ptr<Plan> primitive_plan(const typename Primitive::primitive_desc &pd, std::vector<Operand> operands) {
+    auto plan = std::make_unique<Plan>();
+    plan->primitive = Primitive(pd);
+    plan->operands = std::move(operands);
+    own_scratchpad(*plan, pd);
+    return plan;
+}
+
 inline dnnl::primitive_attr user_scratchpad() {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);

@@ -20,13 +20,9 @@ std::unique_ptr<Plan> sum_plan(int64_t count, dt type) {
     auto elements = flat(count, type);
     auto attr = user_scratchpad();
     auto sum = dnnl::sum::primitive_desc(state().engine, elements, {1.f, 1.f}, {elements, elements}, attr);
-    auto plan = std::make_unique<Plan>();
-    plan->primitive = dnnl::sum(sum);
-    plan->operands = {operand(DNNL_ARG_MULTIPLE_SRC, sum_slots::a, false, elements, elements),
-                      operand(DNNL_ARG_MULTIPLE_SRC + 1, sum_slots::b, false, elements, elements),
-                      operand(DNNL_ARG_DST, sum_slots::y, true, elements, elements)};
-    own_scratchpad(*plan, sum);
-    return plan;
+    return primitive_plan<dnnl::sum>(sum, {operand(DNNL_ARG_MULTIPLE_SRC, sum_slots::a, false, elements, elements),
+                                           operand(DNNL_ARG_MULTIPLE_SRC + 1, sum_slots::b, false, elements, elements),
+                                           operand(DNNL_ARG_DST, sum_slots::y, true, elements, elements)});
 }
 
 // The kernels below do not use oneDNN but share its threads and the error message: they take the lock too.

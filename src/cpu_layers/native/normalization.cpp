@@ -55,12 +55,10 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const Nor
             add_attr.set_post_ops(relu_after);
             auto addition = dnnl::binary::primitive_desc(engine, dnnl::algorithm::binary_add, elements, elements,
                                                          elements, add_attr);
-            plan->postlude = std::make_unique<Plan>();
-            plan->postlude->primitive = dnnl::binary(addition);
-            plan->postlude->operands = {operand(DNNL_ARG_SRC_0, y, false, elements, elements),
-                                        operand(DNNL_ARG_SRC_1, residual, false, elements, elements),
-                                        operand(DNNL_ARG_DST, y, true, elements, elements)};
-            own_scratchpad(*plan->postlude, addition);
+            plan->postlude = primitive_plan<dnnl::binary>(
+                addition, {operand(DNNL_ARG_SRC_0, y, false, elements, elements),
+                           operand(DNNL_ARG_SRC_1, residual, false, elements, elements),
+                           operand(DNNL_ARG_DST, y, true, elements, elements)});
         }
     } else {
         auto backward = dnnl::batch_normalization_backward::primitive_desc(
@@ -84,12 +82,10 @@ std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const Nor
                                                                       algorithm, elements, elements, 0.f, 0.f);
             auto mask = dnnl::eltwise_backward::primitive_desc(engine, algorithm, elements, elements, elements, 0.f,
                                                                0.f, relu_forward, attr);
-            plan->prelude = std::make_unique<Plan>();
-            plan->prelude->primitive = dnnl::eltwise_backward(mask);
-            plan->prelude->operands = {operand(DNNL_ARG_DST, y, false, elements, elements),
-                                       operand(DNNL_ARG_DIFF_DST, dy, false, elements, elements),
-                                       operand(DNNL_ARG_DIFF_SRC, dresidual, true, elements, elements)};
-            own_scratchpad(*plan->prelude, mask);
+            plan->prelude = primitive_plan<dnnl::eltwise_backward>(
+                mask, {operand(DNNL_ARG_DST, y, false, elements, elements),
+                       operand(DNNL_ARG_DIFF_DST, dy, false, elements, elements),
+                       operand(DNNL_ARG_DIFF_SRC, dresidual, true, elements, elements)});
         }
     }
     return plan;

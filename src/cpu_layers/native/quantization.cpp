@@ -173,64 +173,70 @@ double lsq_grad_run(const float *__restrict x, const float *__restrict dy, float
     return sum;
 }
 
-// The checks both directions share; sets the alpha count, the elements per alpha run and the levels.
-bool lsq_arguments(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int params_slot,
-                   LsqParams *p, int64_t *alphas, int64_t *inner, float *quant_max) {
-    const int64_t count = element_count(ndims[0], shapes[0]);
-    *alphas = element_count(ndims[1], shapes[1]);
-    bool ok = all_float32(nparam, dtypes) && element_count(ndims[2], shapes[2]) == 1 && *alphas > 0 &&
-              element_count(ndims[params_slot], shapes[params_slot]) == sizeof(LsqParams) / sizeof(float);
-    for (int i = params_slot + 1; ok && i < nparam; ++i)
-        ok = element_count(ndims[i], shapes[i]) == (i == nparam - 1 && nparam == lsq_grad::count ? *alphas : count);
-    if (!ok) return false;
-    *p = *static_cast<const LsqParams *>(params[params_slot]);
-    *quant_max = *static_cast<const float *>(params[2]);
-    const int axis = static_cast<int>(p->channel_axis);
-    if (axis < 0 ? *alphas != 1 : axis >= ndims[0] || shapes[0][axis] != *alphas) return false;
-    *inner = axis < 0 ? count : element_count(ndims[0] - axis - 1, shapes[0] + axis + 1);
-    return true;
-}
+// One LSQ call's checked arguments: its record, the alpha count, the elements per alpha run, the levels.
+struct LsqCall {
+    LsqParams p;
+    int64_t count, alphas, inner;
+    float quant_max;
+};
 
 const char kLsqProblem[] =
     "takes float32 tensors: x, alpha (one value, or one per channel of channel_axis), quant_max (one value), the "
     "LsqParams and x's shape for the rest (alpha's for dalpha)";
 
+// The checks both directions share: 0 with `call` filled, else fail's code.
+int lsq_call(bool backward, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+             LsqCall *call) {
+    const int params_slot = backward ? lsq_grad::params : lsq::params;
+    bool ok = nparam == (backward ? lsq_grad::count : lsq::count);
+    if (ok) {
+        call->count = element_count(ndims[0], shapes[0]);
+        call->alphas = element_count(ndims[1], shapes[1]);
+        ok = all_float32(nparam, dtypes) && element_count(ndims[2], shapes[2]) == 1 && call->alphas > 0 &&
+             element_count(ndims[params_slot], shapes[params_slot]) == sizeof(LsqParams) / sizeof(float);
+    }
+    for (int i = params_slot + 1; ok && i < nparam; ++i)
+        ok = element_count(ndims[i], shapes[i]) == (backward && i == nparam - 1 ? call->alphas : call->count);
+    if (ok) {
+        call->p = *static_cast<const LsqParams *>(params[params_slot]);
+        call->quant_max = *static_cast<const float *>(params[2]);
+        const int axis = static_cast<int>(call->p.channel_axis);
+        ok = axis < 0 ? call->alphas == 1 : axis < ndims[0] && shapes[0][axis] == call->alphas;
+        call->inner = !ok || axis < 0 ? call->count : element_count(ndims[0] - axis - 1, shapes[0] + axis + 1);
+    }
+    if (ok) return 0;
+    return backward ? fail("LearnedScaleQuantGrad", LSQ_GRAD_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem)
+                    : fail("LearnedScaleQuant", LSQ_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem);
+}
+
 }  // namespace
 
 int lsq_forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    LsqParams p;
-    int64_t alphas, inner;
-    float quant_max;
-    if (nparam != lsq::count ||
-        !lsq_arguments(nparam, params, ndims, shapes, dtypes, lsq::params, &p, &alphas, &inner, &quant_max))
-        return fail("LearnedScaleQuant", LSQ_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem);
-    const int64_t count = element_count(ndims[0], shapes[0]);
+    LsqCall call;
+    if (int code = lsq_call(false, nparam, params, ndims, shapes, dtypes, &call)) return code;
     const float *x = static_cast<const float *>(params[lsq::x]), *alpha = static_cast<const float *>(params[lsq::alpha]);
     float *y = static_cast<float *>(params[lsq::y]);
     use_threads();
-    for_each_run(count, alphas, inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
-        lsq_run(x + begin, y + begin, end - begin, alpha[c], quant_max, p.lower);
+    for_each_run(call.count, call.alphas, call.inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
+        lsq_run(x + begin, y + begin, end - begin, alpha[c], call.quant_max, call.p.lower);
     });
     return 0;
 }
 
 int lsq_backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    LsqParams p;
-    int64_t alphas, inner;
-    float quant_max;
-    if (nparam != lsq_grad::count ||
-        !lsq_arguments(nparam, params, ndims, shapes, dtypes, lsq_grad::params, &p, &alphas, &inner, &quant_max))
-        return fail("LearnedScaleQuantGrad", LSQ_GRAD_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem);
-    const int64_t count = element_count(ndims[0], shapes[0]);
+    LsqCall call;
+    if (int code = lsq_call(true, nparam, params, ndims, shapes, dtypes, &call)) return code;
     const float *x = static_cast<const float *>(params[lsq_grad::x]);
     const float *alpha = static_cast<const float *>(params[lsq_grad::alpha]);
     const float *dy = static_cast<const float *>(params[lsq_grad::dy]);
     float *dx = static_cast<float *>(params[lsq_grad::dx]), *dalpha = static_cast<float *>(params[lsq_grad::dalpha]);
-    const int64_t per_segment = runs_per_segment(inner), units = run_units(count, inner);
+    const int64_t alphas = call.alphas, per_segment = runs_per_segment(call.inner);
+    const int64_t units = run_units(call.count, call.inner);
     std::vector<double> partial(static_cast<size_t>(units), 0.0);  // one sum per run, added in order below
     use_threads();
-    for_each_run(count, alphas, inner, [&](int64_t unit, int64_t c, int64_t begin, int64_t end) {
-        partial[unit] = lsq_grad_run(x + begin, dy + begin, dx + begin, end - begin, alpha[c], quant_max, p.lower);
+    for_each_run(call.count, alphas, call.inner, [&](int64_t unit, int64_t c, int64_t begin, int64_t end) {
+        partial[unit] =
+            lsq_grad_run(x + begin, dy + begin, dx + begin, end - begin, alpha[c], call.quant_max, call.p.lower);
     });
     std::vector<double> sums(static_cast<size_t>(alphas), 0.0);
     for (int64_t unit = 0; unit < units; ++unit) sums[unit / per_segment % alphas] += partial[unit];
