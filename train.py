@@ -18,7 +18,7 @@ from src.collective import all_gather_ints
 from src.compression import LSQ, PRUNE, SCOP, compression_convolutions, mindspore_convolution_stages
 from src.config import Config, load_config, run_dir, save_config
 from src.data.image_decode import partial_decoder
-from src.dataset import create_eval_dataset, set_start_epoch
+from src.dataset import check_data, create_eval_dataset, create_train_dataset, set_start_epoch
 from src.device import cap_workers
 from src.errors import run_cli
 from src.evaluation.model_summary import model_summary, parameter_bytes, summary_line
@@ -27,7 +27,6 @@ from src.resnet import probe_layers
 from src.runtime import set_up_runtime
 from src.training.board import Board
 from src.training.callbacks import EvalMonitor
-from src.training.data import check_data, create_train_dataset
 from src.training.distributed import (
     check_output_storage,
     check_resume_agreement,

@@ -33,6 +33,7 @@ import sys
 from typing import Optional, Sequence, Tuple
 
 from src.config import Config, load_config
+from src.dataset import host_batches
 from src.errors import OneLineParser, UserInputError, run_cli
 from src.migration.convert_torch import import_torch
 from src.migration.dumped_batches import check_batch, check_batch_folder, read_batches
@@ -45,7 +46,6 @@ from src.migration.train_report import chaotic_note, parity_summary, save_final,
 from src.migration.train_steps import locate_difference, run_steps
 from src.resnet import ARCHS, ZOO_NETWORKS
 from src.runtime import set_up_runtime
-from src.training.data import host_batches
 from src.training.factory import seed_everything
 from src.training.nonfinite import json_safe
 from src.training.train_step import check_ema_decay

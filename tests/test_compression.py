@@ -90,9 +90,9 @@ def test_lsq_steps_start_from_the_first_training_batch_and_the_checkpoint_reads_
     from src.compression.lsq import activation_quantizers
     from src.compression.qat import CpuLearnedScaleQuant, apply_qat, convert_for_export
     from src.config import load_config
+    from src.dataset import host_batches
     from src.resnet import create_model
     from src.training.checkpoint import network_from_checkpoint
-    from src.training.data import host_batches
     from src.training.factory import start_lsq_steps
     cfg = load_config(["--config_path", CONFIG, "--net_name", NET, "--data_path", str(cifar_dir), "--batch_size",
                        "16", *LSQ], prog="train.py")
@@ -335,7 +335,7 @@ def first_loss_in_process(cifar_dir: Path, *extra: str, rank: int, group_size: i
     import mindspore as ms
 
     from src.config import load_config
-    from src.training.data import host_batches
+    from src.dataset import host_batches
     from src.training.factory import create_network
     from src.training.loss import loss_from_config
     cfg = load_config([*TRAIN, "--data_path", str(cifar_dir), "--batch_size", "8", *extra], prog="train.py")

@@ -11,7 +11,7 @@ LEAF_FACES = {"src.resnet", "src.training.loss", "src.training.lr_schedule"}   #
 COMPOSING_FACES = {"src.config", "src.dataset"}   # the config and the input pipeline: entry points and composers
 # The modules that build a run's parts from its config, for the entry points (the only others that
 # read the config or compose the input pipeline).
-COMPOSERS = {"src.runtime", "src.training.data", "src.training.factory", "src.training.resume", "src.training.loop",
+COMPOSERS = {"src.runtime", "src.training.factory", "src.training.resume", "src.training.loop",
              "src.deploy.exporting", "src.migration.zoo_fine_tune", "src.migration.dumped_batches",
              "src.migration.learning", "src.migration.nonfinite_replay", "src.migration.train_sides",
              "src.migration.train_steps"}

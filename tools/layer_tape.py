@@ -98,8 +98,8 @@ def demo_network(data_path: str, state: Dict[str, np.ndarray] = None):
     import mindspore as ms
 
     from src.config import load_config
+    from src.dataset import host_batches
     from src.runtime import set_up_runtime
-    from src.training.data import host_batches
     from src.training.factory import create_network, seed_everything
     from src.training.loss import loss_from_config
     cfg = load_config(["--config_path", os.path.join(REPO, "config", "sample_resnet18.yaml"),

@@ -11,12 +11,11 @@ import numpy as np
 
 from src.config import Config
 from src.data.host_stage import host_normalize, normalization_of
-from src.dataset import create_eval_dataset
+from src.dataset import create_eval_dataset, iter_host_batches, steps_per_epoch_of
 from src.migration.convert_torch import import_torch
 from src.migration.dumped_batches import Batch
 from src.migration.torch_training import TorchSide
 from src.migration.train_sides import create_sides, torch_recipe
-from src.training.data import iter_host_batches, steps_per_epoch_of
 from src.training.factory import create_schedule, create_train_step, seed_everything
 from src.training.train_step import ReadyInput
 

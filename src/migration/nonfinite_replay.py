@@ -7,10 +7,10 @@ import json
 import os
 
 from src.config import Config
+from src.dataset import host_batches
 from src.errors import UserInputError
 from src.migration.dumped_batches import read_batches
 from src.training.checkpoint import network_from_checkpoint
-from src.training.data import host_batches
 from src.training.loop import replay_step
 from src.training.nonfinite import json_safe, write_replay
 from src.training.precision import mixed_precision_network, resolve_amp_level

@@ -17,13 +17,12 @@ from src.compression.qat import cpu_fake_quantizers
 from src.compression.scop import knockoff_scores
 from src.config import Config
 from src.cpu_layers import all_finite_op, momentum_step_op, unscale_all_finite_op, uses_onednn
-from src.dataset import create_train_input_stage
+from src.dataset import create_train_input_stage, data_recipe, iter_host_batches
 from src.errors import UserInputError
 from src.evaluation.model_summary import format_gflops, model_summary, parameter_counts
 from src.resnet import create_model
 from src.training.callbacks import StageProgress
 from src.training.checkpoint import compressed, load_pretrained
-from src.training.data import data_recipe, iter_host_batches
 from src.training.distributed import check_fusion_points, fusion_split_points
 from src.training.loss import loss_from_config
 from src.training.lr_schedule import create_lr_schedule, create_thor_lr_schedule, warmup_cut_short

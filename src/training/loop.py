@@ -9,6 +9,7 @@ from mindspore.train import Model
 from src.collective import all_reduce_sum
 from src.config import Config
 from src.data.image_decode import partial_decoder
+from src.dataset import create_train_dataset, first_batch, host_batches
 from src.device import available_cores
 from src.evaluation.report import class_names_for, evaluate_with_report, save_report
 from src.training.board import Board, batch_picture, target_captions
@@ -23,7 +24,6 @@ from src.training.callbacks import (
     write_final_state,
 )
 from src.training.checkpoint import BEST_NAME, load_into_network
-from src.training.data import create_train_dataset, first_batch, host_batches
 from src.training.factory import create_ema_twin, real_sink
 from src.training.faults import DivergenceGuard, GracefulStop, divergence_hints
 from src.training.loss import loss_from_config
