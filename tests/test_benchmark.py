@@ -5,7 +5,8 @@ import shutil
 import pytest
 
 from conftest import PYTHON, needs_torch, run
-from src.cpu_layers import library, unavailable_reason
+from cpu_layers_marks import needs_library
+from src.cpu_layers import library
 from tools.benchmarking.cpu_paths import compute_paths
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
@@ -137,7 +138,7 @@ def test_benchmark_writes_every_field(tmp_path):
     assert card["real_photos"] == round(2170 / rows[0]["real"]["ours_train"]["img_per_s"], 1)
 
 
-@pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
+@needs_library
 @pytest.mark.parametrize("features, bf16_paths", [
     ({"avx512f", "avx512_bf16", "amx_bf16"}, ["ours_bf16", "torch_bf16"]),
     ({"avx512f", "avx512_bf16"}, ["ours_bf16", "torch_bf16"]),

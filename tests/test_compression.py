@@ -22,6 +22,7 @@ from conftest import (
     train_args,
     wait_for_step,
 )
+from cpu_layers_marks import needs_library
 from src.compression import (
     check_checkpoint_compression,
     check_compression,
@@ -179,7 +180,7 @@ def test_the_cpu_fake_quantizer_rounds_as_the_kernels_and_passes_gradients_insid
     np.testing.assert_allclose(per_channel[1].asnumpy(), np.maximum(x.max(axis=(0, 2, 3)), 0))
 
 
-@pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
+@needs_library
 @pytest.mark.parametrize("symmetric, narrow_range, axis, shape", [
     (False, False, None, (4, 8, 5, 5)),   # activations: per tensor
     (False, False, None, (8, 64, 16, 16)),  # in several runs of the kernel's threads
@@ -210,7 +211,7 @@ def test_the_fake_quant_kernel_computes_the_bits_of_the_standard_operators(symme
     assert 0 < np.count_nonzero(gradient) < gradient.size  # some elements inside the range, some outside
 
 
-@pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
+@needs_library
 def test_a_fake_quant_range_of_another_channel_count_is_one_line_naming_the_kernel():
     import mindspore as ms
 
@@ -227,7 +228,7 @@ def test_a_fake_quant_range_of_another_channel_count_is_one_line_naming_the_kern
     assert "\n" not in message
 
 
-@pytest.mark.skipif(unavailable_reason() is not None, reason="the CPU layers are not built")
+@needs_library
 @pytest.mark.parametrize("neg_trunc, axis, shape, alphas", [
     (False, None, (4, 8, 5, 5), 1), (True, None, (4, 8, 5, 5), 1),  # activations: one alpha
     (False, None, (8, 64, 16, 16), 1),  # one alpha over several of the kernel's runs

@@ -1,11 +1,7 @@
-"""CPU convolutions: this repository's oneDNN kernels (src/cpu_layers) equal MindSpore's, are
-chosen as the config says, build or say why not; MindSpore's own never fall into oneDNN's reference
-kernel (src/device.py)."""
-import ast
-import json
+"""CPU convolutions: this repository's oneDNN kernels (src/cpu_layers) and the layers around them
+equal MindSpore's, in float32 and in bfloat16; MindSpore's own never fall into oneDNN's reference
+kernel (src/device.py). Which layers a run gets: test_cpu_layers_choice.py."""
 import os
-import shutil
-import subprocess
 
 import mindspore as ms
 import numpy as np
@@ -14,29 +10,24 @@ from mindspore import Tensor, nn
 from mindspore import dtype as mstype
 
 from conftest import NO_CURVES, PYTHON, REPO, last_json, needs_torch, run
-from src.cpu import cpu_flags, cpu_model
+from cpu_layers_marks import needs_bf16_convolutions, needs_library
+from src.cpu import cpu_flags
 from src.cpu_layers import (
     OneDnnConv2d,
     all_finite_op,
-    choose_convolutions,
     library,
-    unavailable_reason,
     unscale_all_finite_op,
     use_onednn_convolutions,
     use_onednn_layers,
     weights_frozen,
 )
-from src.cpu_layers.bf16_choice import bf16_verdict
 from src.cpu_layers.convolution import _swap_convolution
 from src.cpu_layers.custom_ops import OUTPUT_BLOCKED
 from src.cpu_layers.layers import BlockedToPlain, InputFork, OneDnnMaxPool, max_pool_ops
 from src.cpu_layers.normalization import OneDnnBatchNorm2d, _swap_batch_norm
 from src.data.sample_data import write_sample_data
-from src.errors import UserInputError
-from src.openmp import SPIN_COUNT, set_openmp_environment
-from src.resnet import Bottleneck, ResNet, create_model, freeze_batch_norm, probe_layers
+from src.resnet import Bottleneck, ResNet, create_model, freeze_batch_norm
 
-needs_library = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 # Every kind of convolution the family has: 1x1, 3x3, the 7x7/2 stem, strided 1x1 and 3x3, grouped
 # (ResNeXt), the zoo's 'same' padding at stride 2 (SE-ResNet50's stem), dilation and a bias.
 SHAPES = [
@@ -383,108 +374,6 @@ def test_unscaling_multiplies_every_gradient_as_numpy_and_checks_the_products(ba
             np.testing.assert_array_equal(product.asnumpy(), tensor * factor)
 
 
-def test_the_choice_follows_the_config_the_device_and_the_library(monkeypatch, tmp_path):
-    assert choose_convolutions("mindspore", device_target="CPU") == ("mindspore", None)
-    assert choose_convolutions("onednn", device_target="Ascend") == ("mindspore", None)
-    implementation, note = choose_convolutions("auto", device_target="CPU", optimizer="Thor")
-    assert implementation == "mindspore" and "Thor" in note
-    with pytest.raises(UserInputError, match="unknown cpu_convolution 'fast'"):
-        choose_convolutions("fast", device_target="CPU")
-    monkeypatch.setattr(library, "LIBRARY", str(tmp_path / "libresnet_conv.so"))  # not built
-    implementation, note = choose_convolutions("auto", device_target="CPU")
-    assert implementation == "mindspore" and "is not built" in note and "setup_env.sh" in note
-    with pytest.raises(UserInputError, match="cpu_convolution onednn cannot run: .* is not built"):
-        choose_convolutions("onednn", device_target="CPU")
-
-
-def timing(float32_ms: float, bfloat16_ms: float):
-    """A probe's timing function that measures nothing: each layer takes the given milliseconds."""
-    def time_layer(*layer, bf16: bool) -> float:
-        return bfloat16_ms if bf16 else float32_ms
-    return time_layer
-
-
-def not_timed(*layer, bf16: bool) -> float:
-    raise AssertionError("timed again: the verdict should have come from the cache")
-
-
-LAYERS = probe_layers("resnet18", 32, 64)
-needs_bf16_convolutions = pytest.mark.skipif(
-    unavailable_reason() is not None or library.channels_per_block("bfloat16") == 0,
-    reason="no bfloat16 convolutions in this CPU's oneDNN")
-
-
-@needs_bf16_convolutions
-@pytest.mark.parametrize("float32_ms, bfloat16_ms, expected", [
-    (10.0, 5.0, "onednn-bf16"),   # AMX, AMD Zen 4: bf16 about twice as fast
-    (10.0, 9.5, "onednn"),        # a near tie stays float32 (MARGIN)
-    (10.0, 18.0, "onednn"),       # an Intel Xeon with AVX512_BF16 and no AMX
-])
-def test_amp_on_cpu_computes_bf16_where_the_networks_layers_run_faster_in_it(tmp_path, float32_ms, bfloat16_ms,
-                                                                              expected):
-    cache = str(tmp_path / "verdicts.json")
-    ask = dict(device_target="CPU", amp_level="O2", probe_layers=LAYERS, cache_file=cache)
-    implementation, note = choose_convolutions("auto", time_layer=timing(float32_ms, bfloat16_ms), **ask)
-    assert implementation == expected and note
-    # kept per CPU, ISA, threads and layers: the next run does not time again
-    assert choose_convolutions("auto", time_layer=not_timed, **ask)[0] == expected
-    verdict = bf16_verdict(LAYERS, cpu_model=cpu_model(), threads=0, cache_file=cache, time_layer=not_timed)
-    assert verdict == (expected == "onednn-bf16", len(LAYERS) * float32_ms, len(LAYERS) * bfloat16_ms, True)
-    try:  # another thread count is another probe
-        with pytest.raises(AssertionError, match="timed again"):
-            choose_convolutions("auto", threads=1, time_layer=not_timed, **ask)
-    finally:
-        library.set_threads(0)
-    # either forced, untimed
-    assert choose_convolutions("auto", cpu_amp_dtype="bfloat16", time_layer=not_timed, **ask)[0] == "onednn-bf16"
-    assert choose_convolutions("auto", cpu_amp_dtype="float32", time_layer=not_timed, **ask)[0] == "onednn"
-    assert choose_convolutions("auto", device_target="CPU", amp_level="O0", time_layer=not_timed) == ("onednn", None)
-
-
-@needs_bf16_convolutions
-def test_the_host_probe_times_the_layers_and_decides_by_its_timings(tmp_path):
-    cache = tmp_path / "verdicts.json"
-    implementation, note = choose_convolutions("auto", device_target="CPU", amp_level="O2", cache_file=str(cache),
-                                               probe_layers=probe_layers("resnet50", 224, 8))
-    (float32_ms, bfloat16_ms), = json.loads(cache.read_text()).values()
-    assert float32_ms > 0 and bfloat16_ms > 0
-    assert implementation == ("onednn-bf16" if bfloat16_ms < 0.9 * float32_ms else "onednn")
-    assert f"{float32_ms:.1f} ms" in note and f"{bfloat16_ms:.1f} ms" in note  # the log line gives both timings
-
-
-CAPPED_CHOICE = """
-import json, sys
-sys.path.insert(0, {repo!r})
-from src.cpu_layers import choose_convolutions, library
-from src.resnet import probe_layers
-library.cap_isa(sys.argv[1])
-choice, _ = choose_convolutions("auto", device_target="CPU", amp_level="O2", cache_file=sys.argv[2],
-                                probe_layers=probe_layers("resnet18", 64, 8))
-print(json.dumps({{"choice": choice, "float32": library.blocked_layout("float32"),
-                  "bfloat16": library.blocked_layout("bfloat16"), "isa": library.isa_cap()}}))
-"""
-
-
-@needs_library
-@pytest.mark.parametrize("isa", ["avx2", "avx512_core", "avx512_core_bf16"])
-def test_a_capped_isa_asks_oneDNN_for_its_layouts_and_chooses_by_timing(tmp_path, isa):
-    """The other CPUs the layers meet, emulated by capping the library's oneDNN: AVX2 (blocks of 8
-    channels, no bfloat16), AVX-512 without BF16, AVX512_BF16 without AMX (bfloat16 blocked as float32)."""
-    if isa != "avx2" and "avx512f" not in cpu_flags():
-        pytest.skip("this CPU has no AVX-512")
-    cache = tmp_path / "verdicts.json"
-    result = run([PYTHON, "-c", CAPPED_CHOICE.format(repo=str(REPO)), isa, str(cache)])
-    assert result.returncode == 0, result.stderr[-2000:]
-    found = last_json(result.stdout)
-    assert found["isa"] == isa
-    assert found["float32"] == ("nChw8c" if isa == "avx2" else "nChw16c")
-    if found["bfloat16"] == "":
-        assert found["choice"] == "onednn" and not cache.exists()   # no bfloat16 convolutions: nothing to time
-    else:
-        (float32_ms, bfloat16_ms), = json.loads(cache.read_text()).values()
-        assert found["choice"] == ("onednn-bf16" if bfloat16_ms < 0.9 * float32_ms else "onednn")
-
-
 @needs_bf16_convolutions
 def test_bf16_convolutions_stay_close_to_float32():
     """bf16 products (8 mantissa bits) summed in float32: about 1e-2 relative, never float32's 1e-6."""
@@ -496,20 +385,6 @@ def test_bf16_convolutions_stay_close_to_float32():
     x = Tensor(np.random.default_rng(2).standard_normal((2, 64, 8, 8)).astype(np.float32))
     error = relative(net(x).asnumpy(), reference(x).asnumpy())
     assert 1e-5 < error < 3e-2
-
-
-def test_the_build_says_why_in_one_line_without_a_compiler(tmp_path):
-    native = tmp_path / "native"
-    shutil.copytree(REPO / "src" / "cpu_layers" / "native", native,
-                    ignore=shutil.ignore_patterns("*.so", "*.so.3", "build.log"))
-    venv = REPO / ".venv"
-    env = dict(os.environ, CXX="no-such-g++")  # a compiler that is not on PATH
-    result = subprocess.run(["/bin/bash", str(native / "build.sh"), str(venv)], env=env, capture_output=True,
-                            text=True)
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "did not build" in lines[0] and "uses MindSpore's convolutions" in lines[0]
-    assert not (native / "libresnet_conv.so").exists()
 
 
 def conv_implementations(verbose_output: str, kernel: str = "kh3"):
@@ -559,48 +434,6 @@ def test_training_run_uses_fast_3x3_convolutions(tmp_path):
     implementations = conv_implementations(result.stdout)
     assert implementations, "no 3x3 convolution was reported by oneDNN"
     assert not [name for name in implementations if "ref" in name], implementations
-
-
-@pytest.mark.parametrize("value, threads", [("3", 3), ("1", 1), ("", 0), ("0", 0), ("-2", 0), ("many", 0)])
-def test_omp_num_threads_sets_the_cpu_kernel_threads(monkeypatch, value, threads):
-    from src.device import threads_from_environment
-    monkeypatch.setenv("OMP_NUM_THREADS", value)
-    assert threads_from_environment() == threads
-
-
-@pytest.mark.parametrize("entry_point", ["train.py", "eval.py", "train_parity.py"])
-def test_entry_points_set_openmp_before_anything_imports_mindspore(entry_point):
-    """GNU OpenMP reads GOMP_SPINCOUNT once, when `import mindspore` loads it: the call must come
-    before every other import of the entry point (src/openmp.py)."""
-    tree = ast.parse((REPO / entry_point).read_text())
-    body = tree.body[1:] if isinstance(tree.body[0], ast.Expr) else tree.body  # after the docstring
-    first_import, first_call = body[0], body[1]
-    assert isinstance(first_import, ast.ImportFrom) and first_import.module == "src.openmp"
-    assert ast.unparse(first_call) == "set_openmp_environment()"
-
-
-def test_openmp_spin_count_is_set_when_mindspore_loads_and_a_users_value_stays(tmp_path):
-    # A sitecustomize.py on PYTHONPATH sees the environment when train.py, run as users run it, first
-    # imports MindSpore (train.py --help stops right after).
-    (tmp_path / "sitecustomize.py").write_text(
-        "import builtins, os\n"
-        "real_import = builtins.__import__\n"
-        "def spy(name, *args, **kwargs):\n"
-        "    if name.startswith('mindspore') and not os.environ.get('SEEN_SPIN_COUNT'):\n"
-        "        os.environ['SEEN_SPIN_COUNT'] = os.environ.get('GOMP_SPINCOUNT', 'unset')\n"
-        "        with open(os.environ['SPY_FILE'], 'w') as handle:\n"
-        "            handle.write(os.environ['SEEN_SPIN_COUNT'])\n"
-        "    return real_import(name, *args, **kwargs)\n"
-        "builtins.__import__ = spy\n")
-    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
-    env.update(PYTHONPATH=str(tmp_path), SPY_FILE=str(tmp_path / "seen.txt"))
-    subprocess.run([PYTHON, "train.py", "--help"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert (tmp_path / "seen.txt").read_text() == SPIN_COUNT
-    mine = {"GOMP_SPINCOUNT": "5"}
-    set_openmp_environment(mine)
-    assert mine == {"GOMP_SPINCOUNT": "5"}
-
-
 
 
 class LayerAfterStem(nn.Cell):

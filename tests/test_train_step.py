@@ -12,6 +12,7 @@ from mindspore.train.callback import RunContext
 from mindspore.train.callback._callback import InternalCallbackParam
 
 from conftest import PYTHON, REPO, run
+from cpu_layers_marks import needs_library
 from src.cpu_layers import (
     all_finite_op,
     momentum_step_op,
@@ -155,7 +156,7 @@ def test_ema_equals_a_numpy_recurrence_of_the_raw_weights(initial):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+@needs_library
 @pytest.mark.parametrize("loss_scale", [1.0, 1024.0])
 def test_one_momentum_op_moves_every_weight_as_mindspores_optimizer_bit_for_bit(initial, loss_scale):
     """Our layers take nn.Momentum's step (unscale, check, weight decay, ApplyMomentum) in one
