@@ -31,27 +31,6 @@ const char *kernel_slots(const std::string &kernel) {
     return kernel == "Fork" ? FORK_SLOTS(NAME_OF) : "";
 }
 
-// Each operand of every cached plan, and of the plans they run first and last.
-template <typename Visit>
-void each_operand(Plan &plan, Visit &visit) {
-    for (auto &o : plan.operands) visit(o);
-    if (plan.prelude) each_operand(*plan.prelude, visit);
-    if (plan.postlude) each_operand(*plan.postlude, visit);
-}
-
-template <typename Visit>
-void each_operand(State &s, Visit visit) {
-    for (auto &entry : s.plans) each_operand(*entry.second.plan, visit);
-}
-
-// The kept reorders dropped (FreezeWeights, ThawWeights): none made under an earlier version can serve
-// again, and each holds a copy of a weights tensor at an address MindSpore may have freed since: a
-// network that loads new weights before each evaluation (the EMA's) grew by a copy per address
-// (ResNet18, 12 loads and evaluations: 849 MB resident, 699 MB with the drop).
-void drop_kept_reorders(State &s) {
-    each_operand(s, [](Operand &o) { o.kept.clear(); });
-}
-
 }  // namespace
 
 }  // namespace resnet_conv
@@ -116,34 +95,19 @@ EXPORT void ThawWeights() {
 EXPORT uint64_t FrozenVersion() { return g_frozen_version; }
 
 // How many floats the training forward of a convolution (x, w -> y shapes, ConvParams `record`) writes
-// into its `matrix` output for the backward of its image gradient: a dense layer's matrix
-// (as_dense_layer, in float32), the taps that meet an image inside the kernel (image_inside_kernel),
-// else 0. convolution.py sizes that output by it.
+// into its `matrix` output for the backward of its image gradient (weight_matrix_elements).
 EXPORT int64_t WeightMatrixElements(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
     ConvParams p;
     std::memcpy(&p, record, sizeof(p));
-    memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
-    if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
-    if (p.inference) return 0;
-    if (as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32))
-        return matrix_is_weights(x_dims, w_dims, y_dims) ? 0 : element_count(3, y + 1) * element_count(3, x + 1);
-    if (image_inside_kernel(x_dims, w_dims, y_dims, p)) return w[0] * w[1] * x[2] * x[3];
-    return 0;
+    return weight_matrix_elements(x, w, y, p);
 }
 
 // How the library runs a convolution (x, w -> y shapes, ConvParams `record`) on this CPU, under its ISA
-// cap: "dense" (as_dense_layer: one matrix product over a matrix built from the weights), "dense on the
-// weights" (matrix_is_weights: the weights are the matrix), "image inside kernel" (image_inside_kernel:
-// oneDNN convolves the taps that meet the image) or "convolution" (oneDNN's kernels).
+// cap (convolution_path).
 EXPORT const char *ConvolutionPath(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
     ConvParams p;
     std::memcpy(&p, record, sizeof(p));
-    memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
-    if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
-    const dt type = p.bf16 ? dt::bf16 : dt::f32;
-    if (as_dense_layer(x_dims, w_dims, y_dims, p, type, type))
-        return matrix_is_weights(x_dims, w_dims, y_dims) ? "dense on the weights" : "dense";
-    return image_inside_kernel(x_dims, w_dims, y_dims, p) ? "image inside kernel" : "convolution";
+    return convolution_path(x, w, y, p);
 }
 
 // The names of the layers' own loops (each followed by a comma), and their seconds since the library
@@ -223,11 +187,7 @@ EXPORT int64_t ScratchpadBytes() { return static_cast<int64_t>(state().scratchpa
 EXPORT int64_t KeptReorderBytes() {
     auto &s = state();
     std::lock_guard<std::mutex> guard(s.lock);
-    int64_t bytes = 0;
-    each_operand(s, [&bytes](Operand &o) {
-        for (const auto &kept : o.kept) bytes += static_cast<int64_t>(kept.second.first.get_desc().get_size());
-    });
-    return bytes;
+    return kept_reorder_bytes(s);
 }
 
 // Milliseconds for one convolution's forward and both backwards (probe_convolution), or -1 with

@@ -243,4 +243,31 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
     return plan;
 }
 
+// How many floats the training forward of a convolution (x, w -> y shapes) writes into its `matrix`
+// output for the backward of its image gradient: a dense layer's matrix (as_dense_layer, in float32),
+// the taps that meet an image inside the kernel (image_inside_kernel), else 0. convolution.py sizes
+// that output by it.
+int64_t weight_matrix_elements(const int64_t *x, const int64_t *w, const int64_t *y, ConvParams p) {
+    memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
+    if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
+    if (p.inference) return 0;
+    if (as_dense_layer(x_dims, w_dims, y_dims, p, dt::f32, dt::f32))
+        return matrix_is_weights(x_dims, w_dims, y_dims) ? 0 : element_count(3, y + 1) * element_count(3, x + 1);
+    if (image_inside_kernel(x_dims, w_dims, y_dims, p)) return w[0] * w[1] * x[2] * x[3];
+    return 0;
+}
+
+// How conv_plan runs a convolution on this CPU, under its ISA cap: "dense" (as_dense_layer: one matrix
+// product over a matrix built from the weights), "dense on the weights" (matrix_is_weights: the
+// weights are the matrix), "image inside kernel" (image_inside_kernel: oneDNN convolves the taps that
+// meet the image) or "convolution" (oneDNN's kernels).
+const char *convolution_path(const int64_t *x, const int64_t *w, const int64_t *y, ConvParams p) {
+    memory::dims x_dims = dims_of(x, 4), w_dims = dims_of(w, 4), y_dims = dims_of(y, 4);
+    if (p.pad_top < 0) same_padding(p, x_dims, w_dims);
+    const dt type = p.bf16 ? dt::bf16 : dt::f32;
+    if (as_dense_layer(x_dims, w_dims, y_dims, p, type, type))
+        return matrix_is_weights(x_dims, w_dims, y_dims) ? "dense on the weights" : "dense";
+    return image_inside_kernel(x_dims, w_dims, y_dims, p) ? "image inside kernel" : "convolution";
+}
+
 }  // namespace resnet_conv

@@ -3,7 +3,8 @@
 // normalization with the ReLU or residual addition after it (forward, backward), max pooling
 // (forward, backward), the reorders between MindSpore's NCHW and oneDNN's blocked layout, two copies
 // of a tensor two layers read (and the sum of their gradients), and the training step's pass over
-// its gradients (the loss scale divided out, the finiteness check).
+// its gradients (the loss scale divided out, the finiteness check), the momentum step, and Golden
+// Stick's fake quantizers (simulated and LSQ).
 //
 // MindSpore's own CPU convolutions hand oneDNN plain NCHW descriptors, so oneDNN never picks its
 // blocked layouts (and, above AVX2, falls into a reference kernel). Here convolution primitives are
@@ -59,8 +60,8 @@ using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 // The parameter records and argument slots, each defined once here as a list of names; custom_ops.py
-// writes the records and passes the arguments by the same names, and checks them against these lists
-// (RecordFields, KernelSlots) when the library loads, so a field moved on either side is refused.
+// writes the records and passes the arguments by the same names, and library.py checks its lists
+// against these (RecordFields, KernelSlots) when the library loads, so a field moved on either side is refused.
 //
 // ConvParams (int32): the stride, the padding (pad_top < 0: 'same'), the dilation, the groups, bf16
 // (1: compute in bfloat16), layout (bit 0: the input (x, dx) is blocked; bit 1: the output (y, dy)), and
@@ -349,6 +350,8 @@ const KernelInfo &info(Kind kind);
 int fail(const char *name, const char *slots, int nparam, int *ndims, int64_t **shapes, const char **dtypes,
          const std::string &problem);
 int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
+void drop_kept_reorders(State &s);
+int64_t kept_reorder_bytes(State &s);  // the inference forwards' kept weight reorders
 
 // convolution.cpp
 void same_padding(ConvParams &p, const memory::dims &x, const memory::dims &w);
@@ -356,6 +359,8 @@ bool image_inside_kernel(const memory::dims &x, const memory::dims &w, const mem
 std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const memory::dims &w_dims,
                                 const memory::dims &y_dims, const ConvParams &p, dt x_type, dt y_type,
                                 int64_t matrix_elements = 0);
+int64_t weight_matrix_elements(const int64_t *x, const int64_t *w, const int64_t *y, ConvParams p);
+const char *convolution_path(const int64_t *x, const int64_t *w, const int64_t *y, ConvParams p);
 
 // dense.cpp
 bool as_dense_layer(const memory::dims &x, const memory::dims &w, const memory::dims &y, const ConvParams &p, dt x_type,
