@@ -1,5 +1,6 @@
-"""Collectives over a run's ranks for small host-side values (counts, steps, flags): what the
-evaluation's sums, the ranks' agreement on where to resume and the rank statistics exchange."""
+"""Collectives over a run's ranks for small host-side values (counts, steps, flags): the
+evaluation's sums, the ranks' agreement on where to resume and when to stop, the barriers before a
+run's end and the rank statistics exchange."""
 from typing import List
 
 import mindspore as ms
@@ -31,3 +32,16 @@ def all_gather_ints(value: int, rank: int, group_size: int) -> List[int]:
     mine = np.zeros(group_size, dtype=np.float64)
     mine[rank] = value + 1  # 0 stands for the other ranks' slots
     return [int(v) - 1 for v in all_reduce_sum(mine)]
+
+
+def rank_sum(value: int, group_size: int) -> int:
+    """The sum of each rank's small integer `value` (with flags: how many ranks raise it); with
+    several ranks, also a barrier: every rank has got this far."""
+    if group_size == 1:
+        return value
+    return int(all_reduce_sum(np.array([value], dtype=np.float64))[0])
+
+
+def barrier(group_size: int) -> None:
+    """Wait until every rank has got this far."""
+    rank_sum(0, group_size)

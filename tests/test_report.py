@@ -14,7 +14,7 @@ from conftest import PYTHON, REPO, run
 from src.data.sources import CifarBinarySource
 from src.evaluation.metrics import ClassificationCounts
 from src.evaluation.model_summary import model_summary
-from src.evaluation.report import EvalReport, ReportCounts, console_lines, per_class_rows, write_report
+from src.evaluation.report import EvalReport, ReportCounts, per_class_rows, report_lines, write_report
 from src.resnet import create_model
 
 pytestmark = pytest.mark.slow  # trains, exports or starts processes: not in the quick tier
@@ -54,7 +54,7 @@ def test_per_class_figures_and_ece_on_known_predictions():
     assert report.ece() == pytest.approx(expected_ece, abs=1e-6)
     assert report.worst_classes(5) == [1, 0, 2]
     assert report.most_confused(5) == [(0, 2, 1), (1, 0, 1)]
-    assert console_lines(report, ["a", "b", "c"]) == [
+    assert report_lines(report, ["a", "b", "c"]) == [
         "worst classes (top-1, samples): b 0.000 (1), a 0.667 (3), c 1.000 (1)",
         "most confused (true -> predicted, count): a -> c 1, b -> a 1"]
 

@@ -76,7 +76,7 @@ def custom_operators(detail_path: str) -> List[tuple]:
     return [(name, calls, ms) for name, (calls, ms) in totals.items()]
 
 
-def console_lines(rows: Sequence[OperatorTime], *, steps: int, wait_share: Optional[float]) -> List[str]:
+def operator_lines(rows: Sequence[OperatorTime], *, steps: int, wait_share: Optional[float]) -> List[str]:
     """The table as log lines, led by the profiled steps' split between waiting for data and computing."""
     lines = [f"profiler: the {len(rows)} operators that took the most time over {steps} profiled steps"
              + (f" (the steps waited for data {wait_share:.0%} of their time, computed {1 - wait_share:.0%})"

@@ -177,7 +177,7 @@ def save_report(folder: str, report: EvalReport, *, source, num_classes: int, ti
     names = class_names_for(source, num_classes)
     written = write_report(folder, report, names, title=title, sample_names=getattr(source, "paths", None),
                            pictures=pictures)
-    for line in console_lines(report, names):
+    for line in report_lines(report, names):
         log(line)
     return written
 
@@ -198,7 +198,7 @@ def per_class_rows(report: EvalReport, class_names: Sequence[str]) -> List[Dict]
     return rows
 
 
-def console_lines(report: EvalReport, class_names: Sequence[str]) -> List[str]:
+def report_lines(report: EvalReport, class_names: Sequence[str]) -> List[str]:
     """The five worst classes and the five most confused pairs."""
     rows = per_class_rows(report, class_names)
     worst = ", ".join(f"{rows[i]['class']} {rows[i]['top1']:.3f} ({rows[i]['samples']})"

@@ -11,7 +11,7 @@ from src.dataset import host_batches
 from src.errors import UserInputError
 from src.migration.dumped_batches import read_batches
 from src.training.checkpoint import network_from_checkpoint
-from src.training.loop import replay_step
+from src.training.loop import replay_configured_step
 from src.training.nonfinite import json_safe, write_replay
 from src.training.precision import mixed_precision_network, resolve_amp_level
 
@@ -38,7 +38,7 @@ def find_nonfinite(cfg: Config, args: argparse.Namespace, log) -> int:
     mixed_precision_network(net, resolve_amp_level(cfg.amp_level, cfg.device_target))
     batch = (read_batches(args.batches, 1, cfg, first=args.step - 1) if args.batches
              else host_batches(cfg, args.rank, max(args.ranks, 1), first=args.step - 1, count=1))[0]
-    result, which = replay_step(cfg, net, *batch)
+    result, which = replay_configured_step(cfg, net, *batch)
     path = write_replay(result, args.output_dir)
     log(f"step {args.step}{f' ({which})' if which else ''} on {args.ckpt}: {result.describe()} ({path})")
     print(json.dumps(json_safe({"ok": result.finite, "step": args.step, "rank": args.rank,

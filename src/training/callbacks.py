@@ -17,8 +17,8 @@ from mindspore.train import Callback
 
 from src.evaluation.profile_table import (
     TOP_OPERATORS,
-    console_lines,
     find_summary,
+    operator_lines,
     read_summary,
     table_csv,
     table_markdown,
@@ -482,7 +482,7 @@ class ProfilerMonitor(Callback):
             self.log(f"profiler: no operator summary under {self.folder}; open its trace files there")
             return
         rows = read_summary(path, steps)[:TOP_OPERATORS]
-        for line in console_lines(rows, steps=steps, wait_share=share):
+        for line in operator_lines(rows, steps=steps, wait_share=share):
             self.log(line)
         write_atomic(os.path.join(self.folder, "top_operators.csv"), table_csv(rows))
         if self.board:

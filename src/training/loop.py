@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore.train import Model
 
-from src.collective import all_reduce_sum
+from src.collective import barrier, rank_sum
 from src.config import Config
 from src.data.image_decode import partial_decoder
 from src.dataset import create_train_dataset, first_batch, host_batches
@@ -99,21 +99,14 @@ def graceful_stop(cfg: Config, *, steps_per_epoch: int, first_step: int, saver: 
     """The stop-signal handler. With several ranks, they agree after every step on whether to stop
     (one small allreduce), make their statistics equal (`statistics`) and wait for the writers'
     checkpoints before they exit."""
-    def agree(flag: int) -> int:
-        if group_size == 1:
-            return flag
-        return int(all_reduce_sum(np.array([flag], dtype=np.float64))[0])
-
-    def barrier() -> None:
-        agree(0)
-
     def save(run_context, epoch: int, step: int) -> Optional[str]:
         if statistics:  # every rank, at the step they agreed on: the checkpoint holds one network
             statistics.sync(step)
         return saver.save_now(run_context, epoch, step) if saver else None
 
     return GracefulStop(steps_per_epoch=steps_per_epoch, first_step=first_step,
-                        save=save, agree=agree, barrier=barrier,
+                        save=save, agree=lambda flag: rank_sum(flag, group_size),
+                        barrier=lambda: barrier(group_size),
                         finish=record.plot if record else (lambda: None), resume_hint=resume_command(cfg, argv),
                         sink_mode=real_sink(cfg), log=log)
 
@@ -154,8 +147,7 @@ def end_run(cfg: Config, net, model: Model, eval_dataset, *, folder: str, rank: 
     if board:
         board.finished(step)
         done.append("the TensorBoard session")
-    if group_size > 1:  # a barrier: every rank's final state is written before the run is marked finished
-        all_reduce_sum(np.zeros(1))
+    barrier(group_size)  # every rank's final state is written before the run is marked finished
     if writer:
         mark_finished(folder, step, cfg.epoch_size)
     return done
@@ -172,9 +164,7 @@ def report_best(cfg: Config, net, eval_dataset, *, folder: str, rank: int, write
     if evaluated is not None:
         write_best_report(cfg, *evaluated, eval_dataset, folder=folder, weights=best, log=log, board=board, step=step)
         return
-    found = float(os.path.isfile(best))
-    if group_size > 1:  # also a barrier: rank 0 has finished writing best.ckpt
-        found = all_reduce_sum(np.array([found]))[0]
+    found = rank_sum(int(os.path.isfile(best)), group_size)  # also a barrier: rank 0 has written best.ckpt
     if 0 < found < group_size:
         log(f"no report: {best} is not visible to every rank (put the run folder on a shared file system)")
         return
@@ -200,7 +190,7 @@ def write_best_report(cfg: Config, result: dict, report, eval_dataset, *, folder
             board.picture_file(f"report/{os.path.splitext(os.path.basename(path))[0]}", path, step)
 
 
-def replay_step(cfg: Config, net, images: np.ndarray, labels: np.ndarray) -> Tuple[NonFinite, str]:
+def replay_configured_step(cfg: Config, net, images: np.ndarray, labels: np.ndarray) -> Tuple[NonFinite, str]:
     """One step's batch replayed on `net` micro-batch by micro-batch and cell by cell, with the config's
     loss, accumulation and loss scale: where it first goes non-finite (src/training/nonfinite.py)."""
     return replay_micro_batches(net, loss_from_config(cfg), images, labels, parts=cfg.grad_accumulation_steps,
@@ -212,7 +202,7 @@ def replay_divergence(cfg: Config, net, step: int, *, rank: int, group_size: int
     it): where it first went non-finite, also written to nonfinite_rank<r>.json in the run folder."""
     try:
         images, labels = host_batches(cfg, rank, group_size, first=step - 1, count=1)[0]
-        result, which = replay_step(cfg, net, images, labels)
+        result, which = replay_configured_step(cfg, net, images, labels)
         path = write_replay(result, folder, f"nonfinite_rank{rank}.json")
     except Exception as err:  # pylint: disable=broad-except  # the divergence message must survive
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -5,10 +5,9 @@ import os
 import shlex
 from typing import Optional, Sequence, Tuple
 
-import numpy as np
 from mindspore.train import Model
 
-from src.collective import all_reduce_sum
+from src.collective import rank_sum
 from src.config import Config, read_yaml
 from src.errors import UserInputError
 from src.files import write_atomic
@@ -124,10 +123,7 @@ def run_finished(folder: str, step: int, group_size: int) -> bool:
     """Whether every rank finds the run finished after global `step`: with several ranks all of them
     or none skip the end (its evaluation is collective); a rank that misses the mark (a kill before
     node-local folders all got it) has them all do it again, which rewrites equal files."""
-    found = float(finished_here(folder, step))
-    if group_size > 1:
-        found = all_reduce_sum(np.array([found]))[0]
-    return found == group_size
+    return rank_sum(int(finished_here(folder, step)), group_size) == group_size
 
 
 def resume_command(cfg: Config, argv: Sequence[str]) -> str:
