@@ -51,35 +51,6 @@ from src.errors import UserInputError
 DATASETS = ("cifar10", "imagenet2012", "flower_photos")
 # Class-folder datasets: the sub-folder each evaluates on (the model zoo's flower_photos has train/ and test/).
 EVAL_FOLDERS = {"imagenet2012": "val", "flower_photos": "test"}
-
-
-def eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: int = 0,
-               interpolation: str = "bilinear") -> np.ndarray:
-    """One image as evaluation crops it, before normalization: RGB uint8 HWC, what the dataset's
-    evaluation batches hold (for prediction; host_normalize gives a float model's input).
-
-    The steps of `create_dataset(..., training=False)`, with the same operations: 'imagenet2012'
-    applies the eval transform (short side to `resize_size`, default image_size / 0.875, center
-    crop); 'cifar10' resizes to image_size x image_size unless the image already has that size
-    (CIFAR evaluates without a crop)."""
-    if dataset not in DATASETS:
-        raise UserInputError(f"unknown dataset '{dataset}'; choose one of {', '.join(DATASETS)}")
-    image = image.convert("RGB")
-    if dataset == "cifar10":
-        return fit_size(np.asarray(image), image_size, interpolation)
-    return sample_transform(dataset, image_size, resize_size, interpolation)(image, None)
-
-
-
-def load_pixels(path: str, dataset: str, image_size: int, resize_size: int = 0,
-                interpolation: str = "bilinear") -> np.ndarray:
-    """One image file as the eval transform crops it: uint8 HWC RGB, before normalization."""
-    try:
-        with Image.open(path) as image:
-            return eval_image(image, dataset, image_size, resize_size, interpolation)
-    except (OSError, ValueError) as err:
-        raise UserInputError(f"cannot read image {path} ({err}); pass image files") from None
-
 WORKER_KINDS = ("process", "thread")
 
 
@@ -210,6 +181,35 @@ def create_eval_dataset(cfg: Config, *, rank: int = 0, group_size: int = 1) -> d
                           num_parallel_workers=cfg.num_parallel_workers, worker_kind=cfg.data_worker_kind,
                           num_shards=group_size, shard_id=rank,
                           interpolation=cfg.interpolation, resize_size=cfg.eval_resize_size)
+
+
+def eval_image(image: Image.Image, dataset: str, image_size: int, resize_size: int = 0,
+               interpolation: str = "bilinear") -> np.ndarray:
+    """One image as evaluation crops it, before normalization: RGB uint8 HWC, what the dataset's
+    evaluation batches hold (for prediction; host_normalize gives a float model's input).
+
+    The steps of `create_dataset(..., training=False)`, with the same operations: 'imagenet2012'
+    applies the eval transform (short side to `resize_size`, default image_size / 0.875, center
+    crop); 'cifar10' resizes to image_size x image_size unless the image already has that size
+    (CIFAR evaluates without a crop)."""
+    if dataset not in DATASETS:
+        raise UserInputError(f"unknown dataset '{dataset}'; choose one of {', '.join(DATASETS)}")
+    image = image.convert("RGB")
+    if dataset == "cifar10":
+        return fit_size(np.asarray(image), image_size, interpolation)
+    return sample_transform(dataset, image_size, resize_size, interpolation)(image, None)
+
+
+
+def load_pixels(path: str, dataset: str, image_size: int, resize_size: int = 0,
+                interpolation: str = "bilinear") -> np.ndarray:
+    """One image file as the eval transform crops it: uint8 HWC RGB, before normalization."""
+    try:
+        with Image.open(path) as image:
+            return eval_image(image, dataset, image_size, resize_size, interpolation)
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"cannot read image {path} ({err}); pass image files") from None
+
 
 
 # A run's training data from its config (train.py, the parity and learning tools).

@@ -69,7 +69,7 @@ def choose_convolutions(choice: str, *, device_target: str, amp_level: str = "O0
     `auto` then falls back to MindSpore's and says why. With amp on (amp_level != O0) ours computes in
     bfloat16 or float32 as `cpu_amp_dtype` says; `auto` times `probe_layers` (the network's own, see
     src.resnet.probe_layers) in both types on `threads` threads, or reads an earlier run's timing from
-    `cache_file` (precision.bf16_verdict; `time_layer` stands in for the timing in tests)."""
+    `cache_file` (bf16_choice.bf16_verdict; `time_layer` stands in for the timing in tests)."""
     if choice not in CPU_CONVOLUTIONS:
         raise UserInputError(f"unknown cpu_convolution '{choice}'; choose one of {', '.join(CPU_CONVOLUTIONS)}")
     if cpu_amp_dtype not in CPU_AMP_DTYPES:
