@@ -143,7 +143,7 @@ def test_the_gradients_equal_mindspores_under_avx2_too():
     pixel sees the whole image one dense matrix from a batch of 32 (under AVX-512 oneDNN's, both)."""
     if "avx512f" not in cpu_flags():
         pytest.skip("this CPU has no AVX-512: the test above already ran its AVX2 branch")
-    test = "tests/test_cpu_convolution.py::test_forward_and_both_gradients_equal_mindspores_at_float32_rounding"
+    test = "tests/test_cpu_layers_convolution.py::test_forward_and_both_gradients_equal_mindspores_at_float32_rounding"
     env = {key: value for key, value in os.environ.items() if key not in ("RESNET_TESTS_WORK", "PYTEST_XDIST_WORKER")}
     result = run([PYTHON, "-c", UNDER_A_CAP.format(repo=str(REPO)), "avx2", test], env=env)
     assert result.returncode == 0, result.stdout[-3000:]

@@ -10,7 +10,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from test_compression import CONFIG, NET, RUN, TRAIN, train_two_ranks, weights
-from test_cpu_convolution import conv_implementations, our_conv_implementations
+from test_cpu_layers_convolution import conv_implementations, our_conv_implementations
 
 from conftest import PYTHON, last_json, one_line_error, run, train_args
 from src.compression import check_checkpoint_compression, mindspore_convolution_stages
