@@ -100,7 +100,7 @@ class BasicBlock(nn.Cell):
         self.relu = nn.ReLU()
         self.downsample = downsample
         # A cell giving the two branches their own copies of the input, set by
-        # src.cpu_layers.use_onednn_layers for bfloat16 layers (src.cpu_layers.layers.InputFork says why).
+        # src.cpu_layers.use_onednn_layers for bfloat16 layers (src.cpu_layers.elementwise.InputFork says why).
         self.input_fork = None
 
     @property
@@ -109,7 +109,7 @@ class BasicBlock(nn.Cell):
 
     def construct(self, x):
         branch = x
-        if isinstance(x, tuple):  # the previous block's output twice (src.cpu_layers.layers.fork_block_outputs)
+        if isinstance(x, tuple):  # the prior block's output twice (src.cpu_layers.blocked_network.fork_block_outputs)
             x, branch = x
         elif self.input_fork is not None:
             x, branch = self.input_fork(x)
@@ -156,7 +156,7 @@ class Bottleneck(nn.Cell):
 
     def construct(self, x):
         branch = x
-        if isinstance(x, tuple):  # the previous block's output twice (src.cpu_layers.layers.fork_block_outputs)
+        if isinstance(x, tuple):  # the prior block's output twice (src.cpu_layers.blocked_network.fork_block_outputs)
             x, branch = x
         elif self.input_fork is not None:
             x, branch = self.input_fork(x)

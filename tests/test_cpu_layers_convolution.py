@@ -21,10 +21,11 @@ from src.cpu_layers import (
     use_onednn_layers,
     weights_frozen,
 )
-from src.cpu_layers.convolution import _swap_convolution
+from src.cpu_layers.convolution import swap_convolution
 from src.cpu_layers.custom_ops import OUTPUT_BLOCKED
-from src.cpu_layers.layers import BlockedToPlain, InputFork, OneDnnMaxPool, max_pool_ops
-from src.cpu_layers.normalization import OneDnnBatchNorm2d, _swap_batch_norm
+from src.cpu_layers.elementwise import BlockedToPlain, InputFork
+from src.cpu_layers.normalization import OneDnnBatchNorm2d, swap_batch_norm
+from src.cpu_layers.pooling import OneDnnMaxPool, max_pool_ops
 from src.data.sample_data import write_sample_data
 from src.resnet import Bottleneck, ResNet, create_model, freeze_batch_norm
 
@@ -451,9 +452,9 @@ class LayerAfterStem(nn.Cell):
         self.fork = InputFork()
         if self.ours:
             dtype = getattr(mstype, layers)
-            _swap_convolution(self.conv, bf16=layers == "bfloat16", input_gradient=True, layout=OUTPUT_BLOCKED,
+            swap_convolution(self.conv, bf16=layers == "bfloat16", input_gradient=True, layout=OUTPUT_BLOCKED,
                               output_dtype=layers)
-            _swap_batch_norm(self.bn, kind if kind in ("relu", "add_relu") else "none", dtype)
+            swap_batch_norm(self.bn, kind if kind in ("relu", "add_relu") else "none", dtype)
             self.pool_op, self.pool_params = max_pool_ops(3, 2, 0), Tensor(np.array([3, 2, 0], np.int32))
             self.to_plain = BlockedToPlain(layers)
 

@@ -11,9 +11,9 @@ from mindspore import Tensor, nn
 
 from conftest import PYTHON, REPO, last_json, run
 from src.cpu_layers import library, unavailable_reason, use_onednn_layers, weights_frozen
-from src.cpu_layers.convolution import _swap_convolution
-from src.cpu_layers.custom_ops import INPUT_BLOCKED, OUTPUT_BLOCKED, _aot, _of_input, record
-from src.cpu_layers.layers import to_plain_op
+from src.cpu_layers.convolution import swap_convolution
+from src.cpu_layers.custom_ops import INPUT_BLOCKED, OUTPUT_BLOCKED, aot_op, of_input, record
+from src.cpu_layers.elementwise import to_plain_op
 from src.cpu_layers.normalization import _norm_backward_shape, _norm_forward_shape
 from src.errors import explain_native_errors_with, user_error_message
 from src.resnet import create_model
@@ -59,7 +59,7 @@ GOOD = record("ConvParams", stride_h=1, stride_w=1, pad_top=1, pad_bottom=1, pad
 ], ids=["short-record", "rank", "stride-0", "record-type"])
 def test_bad_arguments_are_refused_in_one_line_naming_the_kernel_and_shapes(params, x_shape, problem):
     explain_native_errors_with(library.take_error)
-    forward = _aot("ConvForward", _fixed_output_shapes, _float32_outputs)
+    forward = aot_op("ConvForward", _fixed_output_shapes, _float32_outputs)
     x = Tensor(np.ones(x_shape, np.float32))
     with pytest.raises(RuntimeError) as raised:
         forward(x, Tensor(np.ones((16, 16, 3, 3), np.float32)), Tensor(params))[0].asnumpy()
@@ -115,10 +115,10 @@ class BlockedConvolution(nn.Cell):
 
     def __init__(self, conv: nn.Conv2d):
         super().__init__()
-        _swap_convolution(conv, bf16=False, input_gradient=True, layout=INPUT_BLOCKED | OUTPUT_BLOCKED,
+        swap_convolution(conv, bf16=False, input_gradient=True, layout=INPUT_BLOCKED | OUTPUT_BLOCKED,
                           output_dtype="float32")
         self.conv = conv
-        self.to_blocked = _aot("ToBlocked", _of_input(0), "float32")
+        self.to_blocked = aot_op("ToBlocked", of_input(0), "float32")
         self.to_plain = to_plain_op("float32")
 
     def construct(self, x):
@@ -160,8 +160,8 @@ class AfterAConvolution(nn.Cell):
         super().__init__()
         self.first, self.conv, self.ours = first, conv, ours
         if ours:
-            _swap_convolution(first, bf16=False, input_gradient=False, layout=OUTPUT_BLOCKED, output_dtype="float32")
-            _swap_convolution(conv, bf16=False, input_gradient=True, layout=INPUT_BLOCKED | OUTPUT_BLOCKED,
+            swap_convolution(first, bf16=False, input_gradient=False, layout=OUTPUT_BLOCKED, output_dtype="float32")
+            swap_convolution(conv, bf16=False, input_gradient=True, layout=INPUT_BLOCKED | OUTPUT_BLOCKED,
                               output_dtype="float32")
             self.to_plain = to_plain_op("float32")
 

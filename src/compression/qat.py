@@ -32,8 +32,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from src.cpu_layers import fake_quant_op, learned_scale_quant_ops, unavailable_reason
-from src.cpu_layers.custom_ops import record
+from src.cpu_layers import fake_quant_op, learned_scale_quant_ops, record, unavailable_reason
 from src.errors import UserInputError, require_module
 
 from . import INSTALL_HINT, LSQ, QAT

@@ -2,7 +2,7 @@
 
 MindSpore's CPU convolutions hand oneDNN plain NCHW tensors; these kernels let oneDNN choose its
 blocked layouts and cache a primitive per shape. In a ResNet the convolutions, BatchNorms and the
-stem's max pool all run here and the tensors stay blocked between them (layers.py); elsewhere the
+stem's max pool all run here and the tensors stay blocked between them (blocked_network.py); elsewhere the
 convolutions alone, reordering NCHW in and out. Weights stay ordinary NCHW Parameters, so
 checkpoints, conversion and export are unchanged. Only the entry points choose (choose_convolutions)
 and build networks with them (src.resnet.create_model's `convolutions`)."""
@@ -13,8 +13,10 @@ from mindspore import nn
 
 from src.cpu import cpu_model
 from src.cpu_layers.bf16_choice import ProbeLayer, bf16_verdict
+from src.cpu_layers.blocked_network import use_onednn_layers
 from src.cpu_layers.convolution import OneDnnConv2d, use_onednn_convolutions
-from src.cpu_layers.layers import use_onednn_layers
+from src.cpu_layers.custom_ops import record
+from src.cpu_layers.elementwise import all_finite_op, unscale_all_finite_op
 from src.cpu_layers.library import (
     channels_per_block,
     freeze_weights,
@@ -24,8 +26,8 @@ from src.cpu_layers.library import (
     thaw_weights,
     unavailable_reason,
 )
+from src.cpu_layers.optimizer import momentum_step_op
 from src.cpu_layers.quantization import fake_quant_op, learned_scale_quant_ops
-from src.cpu_layers.step_ops import all_finite_op, momentum_step_op, unscale_all_finite_op
 from src.errors import UserInputError, explain_native_errors_with
 
 CPU_CONVOLUTIONS = ("auto", "mindspore", "onednn")
@@ -34,9 +36,9 @@ IMPLEMENTATIONS = ("mindspore", "onednn", "onednn-bf16")
 CPU_AMP_DTYPES = ("auto", "bfloat16", "float32")
 
 __all__ = ["CPU_AMP_DTYPES", "CPU_CONVOLUTIONS", "IMPLEMENTATIONS", "OneDnnConv2d", "ProbeLayer", "all_finite_op",
-           "choose_convolutions", "fake_quant_op", "learned_scale_quant_ops", "momentum_step_op", "set_threads",
-           "unavailable_reason", "unscale_all_finite_op", "use_onednn_convolutions", "use_onednn_layers", "uses_onednn",
-           "weights_frozen"]
+           "choose_convolutions", "fake_quant_op", "learned_scale_quant_ops", "momentum_step_op", "record",
+           "set_threads", "unavailable_reason", "unscale_all_finite_op", "use_onednn_convolutions",
+           "use_onednn_layers", "uses_onednn", "weights_frozen"]
 
 
 def uses_onednn(net: nn.Cell) -> bool:

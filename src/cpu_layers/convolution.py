@@ -8,9 +8,9 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
 from src.cpu_layers.custom_ops import (
-    _aot,
-    _of_input,
-    _output_size,
+    aot_op,
+    of_input,
+    output_size,
     record,
 )
 from src.cpu_layers.library import weight_matrix_elements
@@ -32,22 +32,22 @@ def convolution_ops(params: Tuple[int, ...], kernel: Tuple[int, int], input_grad
         if top < 0:  # 'same'
             y = [x[0], w[0], -(-x[2] // stride_h), -(-x[3] // stride_w)]
         else:
-            y = [x[0], w[0], _output_size(x[2], kernel[0], stride_h, top + bottom, dilation_h),
-                 _output_size(x[3], kernel[1], stride_w, left + right, dilation_w)]
+            y = [x[0], w[0], output_size(x[2], kernel[0], stride_h, top + bottom, dilation_h),
+                 output_size(x[3], kernel[1], stride_w, left + right, dilation_w)]
         return y, [max(weight_matrix_elements(x, w, y, params), 1)]
 
     def forward_dtypes(x, w, p):
         return (getattr(mstype, output_dtype) if output_dtype else x), mstype.float32
 
-    backward_data = _aot("ConvBackwardData", _of_input(3), _of_input(3))
-    backward_weights = _aot("ConvBackwardWeights", _of_input(3), _of_input(3))
+    backward_data = aot_op("ConvBackwardData", of_input(3), of_input(3))
+    backward_weights = aot_op("ConvBackwardWeights", of_input(3), of_input(3))
 
     def bprop(x, w, p, out, dout):
         dy = dout[0]
         dx = backward_data(dy, w, p, x, out[1]) if input_gradient else ops.zeros_like(x)
         return dx, backward_weights(x, dy, p, w), ops.zeros_like(p)
 
-    forward = _aot("ConvForward", forward_shape, forward_dtypes, bprop, shape_key=params + kernel)
+    forward = aot_op("ConvForward", forward_shape, forward_dtypes, bprop, shape_key=params + kernel)
     forward.add_prim_attr("output_dtype", output_dtype or "input")
     return forward
 
@@ -92,7 +92,7 @@ class OneDnnConv2d(nn.Conv2d):
         return y
 
 
-def _swap_convolution(cell: nn.Conv2d, *, bf16: bool, input_gradient: bool, layout: int = 0,
+def swap_convolution(cell: nn.Conv2d, *, bf16: bool, input_gradient: bool, layout: int = 0,
                       output_dtype: str = "") -> None:
     params = convolution_params(cell, bf16, layout)
     inference_params = convolution_params(cell, bf16, layout, inference=True)
@@ -115,6 +115,6 @@ def use_onednn_convolutions(net: nn.Cell, *, bf16: bool = False, image_gradient:
     count = 0
     for _, cell in net.cells_and_names():
         if supported(cell):
-            _swap_convolution(cell, bf16=bf16, input_gradient=image_gradient or count > 0)
+            swap_convolution(cell, bf16=bf16, input_gradient=image_gradient or count > 0)
             count += 1
     return count

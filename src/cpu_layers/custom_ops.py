@@ -1,6 +1,7 @@
 """The library's kernels as MindSpore Custom ops: their parameter records, the op of a kernel, the
 shapes and types of its outputs, and ops that write some inputs in place. The cells of each op
-family (convolution, normalization, layers, quantization, step_ops) build on these."""
+family (convolution, normalization, pooling, elementwise, quantization, optimizer) and the blocked
+network build on these."""
 from typing import Tuple
 
 from mindspore import dtype as mstype
@@ -19,7 +20,7 @@ def record(name: str, **fields) -> Tuple:
     return tuple(fields[field] for field in order)
 
 
-def _aot(name: str, out_shape, out_dtype, bprop=None, shape_key: Tuple = ()) -> ops.Custom:
+def aot_op(name: str, out_shape, out_dtype, bprop=None, shape_key: Tuple = ()) -> ops.Custom:
     """The library's kernel `name` as an op. MindSpore takes an op of the same kernel and input
     shapes and types for the same op, whatever its out_shape and out_dtype functions (a float32
     ToBlocked and a bfloat16 one in one process; a stride-1 and a stride-2 convolution of one input):
@@ -41,18 +42,29 @@ def _fixed_dtype(name: str):
     return dtype
 
 
-def _of_input(index: int):
+def of_input(index: int):
     """out_shape or out_dtype: the shape or type of input `index`."""
-    def of_input(*shapes_or_dtypes):
+    def pick(*shapes_or_dtypes):
         return shapes_or_dtypes[index]
-    return of_input
+    return pick
 
 
-def _output_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+def one_value(*shapes):
+    """out_shape: one value (a flag)."""
+    return [1]
+
+
+def float32_type(*dtypes):
+    """out_dtype: float32."""
+    return mstype.float32
+
+
+def output_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
+    """A convolution's or pool's output size along one axis (`pad`: both sides together)."""
     return (size + pad - dilation * (kernel - 1) - 1) // stride + 1
 
 
-class _InputsWritten(ops.Custom):
+class InputsWritten(ops.Custom):
     """A Custom op that writes some inputs in place (its class's signature marks them RW_WRITE)."""
 
     def __init__(self, *args, **kwargs):

@@ -8,8 +8,8 @@ from mindspore import dtype as mstype
 from mindspore.ops import signature as sig
 
 from src.cpu_layers.custom_ops import (
-    _aot,
-    _InputsWritten,
+    InputsWritten,
+    aot_op,
     record,
 )
 from src.cpu_layers.library import LIBRARY
@@ -34,7 +34,7 @@ def _norm_backward_shape(x, dy, mean, variance, gamma, params, workspace, y, res
 _norm_backward_dtypes = _norm_backward_shape  # dx as x, the statistics' gradients as gamma, dresidual as residual
 
 
-class _MovingStatisticsWritten(_InputsWritten):
+class _MovingStatisticsWritten(InputsWritten):
     """A Custom op that writes its inputs 3 and 4 (the moving mean and variance) in place, and says
     so as MindSpore's BatchNorm does (RW_WRITE, side_effect_mem). Moving them in the graph took two
     Assigns per BatchNorm, whose ordering made compiling a ResNet18 step 1.2 s longer."""
@@ -57,7 +57,7 @@ def batch_norm_ops(global_stats: bool) -> ops.Custom:
     graph as the first one it met (ops of two lengths failed to compile; of one length, the others'
     calls would run the first's). So every call passes a residual (a small stand-in without one),
     and the backward takes everything any activation needs."""
-    backward = _aot("NormBackward", _norm_backward_shape, _norm_backward_dtypes)
+    backward = aot_op("NormBackward", _norm_backward_shape, _norm_backward_dtypes)
 
     def bprop(x, gamma, beta, mean, variance, params, residual, out, dout):
         used_mean, used_variance = (mean, variance) if global_stats else (out[1], out[2])
@@ -67,7 +67,7 @@ def batch_norm_ops(global_stats: bool) -> ops.Custom:
                 dresidual)
 
     if global_stats:
-        return _aot("NormForward", _norm_forward_shape, _norm_forward_dtypes, bprop)
+        return aot_op("NormForward", _norm_forward_shape, _norm_forward_dtypes, bprop)
     return _MovingStatisticsWritten(f"{LIBRARY}:NormForward", out_shape=_norm_forward_shape,
                                     out_dtype=_norm_forward_dtypes, func_type="aot", bprop=bprop)
 
@@ -99,7 +99,7 @@ def forked_batch_norm_op() -> ops.Custom:
     the output twice, (y, batch mean, batch variance, workspace, copy of y), and its backward sums
     the two outputs' gradients in its masking pass, where MindSpore would sum the gradients of one
     tensor read twice with AddN, a pass of its own (native/core.hpp's NORM_FORWARD_FORKED_SLOTS)."""
-    backward = _aot("NormBackwardSummed", _summed_backward_shape, _summed_backward_dtypes)
+    backward = aot_op("NormBackwardSummed", _summed_backward_shape, _summed_backward_dtypes)
 
     def bprop(x, gamma, beta, mean, variance, params, residual, out, dout):
         dx, dgamma, dbeta, dresidual = backward(x, dout[0], out[1], out[2], gamma, params, out[3], out[0], dout[4])
@@ -133,7 +133,7 @@ class OneDnnBatchNorm2d(nn.BatchNorm2d):
                                   self.onednn_global_params, extra)[0]
 
 
-def _swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none", dtype: mstype.Type = mstype.float32) -> None:
+def swap_batch_norm(cell: nn.BatchNorm2d, activation: str = "none", dtype: mstype.Type = mstype.float32) -> None:
     cell.onednn_batch, cell.onednn_global = batch_norm_ops(False), batch_norm_ops(True)
     cell.onednn_stand_in = Tensor(np.zeros(4, np.float32), dtype)
     code = ACTIVATIONS[activation]  # momentum 0: the statistics stay

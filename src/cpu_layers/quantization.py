@@ -6,8 +6,8 @@ from typing import Tuple
 from mindspore import ops
 
 from src.cpu_layers.custom_ops import (
-    _aot,
-    _of_input,
+    aot_op,
+    of_input,
 )
 
 
@@ -17,12 +17,12 @@ def fake_quant_op() -> ops.Custom:
     QuantParams record `params` says its levels, symmetry and channel axis; low and high hold its
     range, per channel or per tensor) in one float32 kernel, with its straight-through gradient as
     bprop; the bits of src/compression/qat.py's CpuFakeQuant from standard operators."""
-    gradient = _aot("FakeQuantGrad", _of_input(0), _of_input(0))
+    gradient = aot_op("FakeQuantGrad", of_input(0), of_input(0))
 
     def bprop(x, low, high, params, out, dout):
         return gradient(x, low, high, params, dout), ops.zeros_like(low), ops.zeros_like(high), ops.zeros_like(params)
 
-    return _aot("FakeQuant", _of_input(0), _of_input(0), bprop)
+    return aot_op("FakeQuant", of_input(0), of_input(0), bprop)
 
 
 def _x_and_alpha(x, alpha, *others):
@@ -35,5 +35,5 @@ def learned_scale_quant_ops() -> Tuple[ops.Custom, ops.Custom]:
     quant_max, params) -> y and (x, alpha, quant_max, params, dy) -> (dx, dalpha), the LsqParams
     record `params` saying its lower end and channel axis; the caller's bprop runs the gradient
     (src/compression/qat.py's CpuLearnedScaleQuant, whose standard operators compute the same)."""
-    return (_aot("LearnedScaleQuant", _of_input(0), _of_input(0)),
-            _aot("LearnedScaleQuantGrad", _x_and_alpha, _x_and_alpha))
+    return (aot_op("LearnedScaleQuant", of_input(0), of_input(0)),
+            aot_op("LearnedScaleQuantGrad", _x_and_alpha, _x_and_alpha))

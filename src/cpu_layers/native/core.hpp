@@ -283,7 +283,7 @@ inline dt data_type(const char *name) { return std::strcmp(name, "bfloat16") == 
 inline int64_t element_size(const char *name) { return data_type(name) == dt::bf16 ? 2 : 4; }
 
 // The layouts a blocked activation may have: element counts equal to N*C*H*W when C is a multiple
-// of the block (layers.py keeps other layers plain).
+// of the block (blocked_network.py keeps other layers plain).
 const std::pair<tag, const char *> kLayouts[] = {
     {tag::aBcd16b, "nChw16c"}, {tag::aBcd8b, "nChw8c"}, {tag::acdb, "nhwc"}, {tag::abcd, "nchw"}};
 

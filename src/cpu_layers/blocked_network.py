@@ -1,5 +1,6 @@
-"""ResNet's layers computed by this package's oneDNN kernels on CPU, with MindSpore's own Parameters:
-the blocked network (max pool, the reorders back to NCHW, forks) and the two ways in.
+"""A whole ResNet on this package's oneDNN kernels, with MindSpore's own Parameters: the network
+kept in oneDNN's blocked layout from the stem to the head (its convolutions, BatchNorms with their
+activations, the stem's max pool, the reorder back to NCHW, the forks).
 
 Two ways to use them, both in place and keeping every Parameter, its name and checkpoints:
 - `use_onednn_convolutions(net)`: every Conv2d becomes OneDnnConv2d; tensors stay NCHW between
@@ -12,99 +13,16 @@ Two ways to use them, both in place and keeping every Parameter, its name and ch
   the first way.
 Export builds its own network without them, so MINDIR and ONNX files hold standard operators."""
 
-import functools
-
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 from mindspore import dtype as mstype
 
-from src.cpu_layers.convolution import _swap_convolution, supported, use_onednn_convolutions
-from src.cpu_layers.custom_ops import (
-    INPUT_BLOCKED,
-    OUTPUT_BLOCKED,
-    _aot,
-    _of_input,
-    _output_size,
-    record,
-)
+from src.cpu_layers.convolution import supported, swap_convolution, use_onednn_convolutions
+from src.cpu_layers.custom_ops import INPUT_BLOCKED, OUTPUT_BLOCKED, record
+from src.cpu_layers.elementwise import BlockedToPlain, InputFork
 from src.cpu_layers.library import channels_per_block
-from src.cpu_layers.normalization import OneDnnBatchNorm2d, _swap_batch_norm, forked_batch_norm_op
-
-
-@functools.lru_cache(maxsize=None)
-def max_pool_ops(kernel: int, stride: int, pad: int) -> ops.Custom:
-    """Max pooling of blocked tensors; padded positions never win a window."""
-    def out_shape(x, params):
-        return [x[0], x[1], _output_size(x[2], kernel, stride, 2 * pad, 1),
-                _output_size(x[3], kernel, stride, 2 * pad, 1)]
-
-    backward = _aot("PoolBackward", _of_input(0), _of_input(0))
-
-    def bprop(x, params, out, dout):
-        return backward(x, dout, params), ops.zeros_like(params)
-
-    return _aot("PoolForward", out_shape, _of_input(0), bprop, shape_key=(kernel, stride, pad))
-
-
-class OneDnnMaxPool(nn.SequentialCell):
-    """The ResNet stem's [Border(-1), MaxPool2d(3, 2)] as one max pool of padding 1 on blocked
-    tensors: the same windows, and the border never wins one (the input is post-ReLU)."""
-
-    def construct(self, x):
-        return self.onednn(x, self.onednn_params)
-
-
-@functools.lru_cache(maxsize=None)
-def to_plain_op(blocked_dtype: str) -> ops.Custom:
-    """Blocked (of `blocked_dtype`, a mindspore.dtype name) -> NCHW float32; its gradient is the
-    reorder back."""
-    to_blocked = _aot("ToBlocked", _of_input(0), blocked_dtype)
-
-    def bprop(x, out, dout):
-        return (to_blocked(dout),)
-
-    return _aot("ToPlain", _of_input(0), "float32", bprop)
-
-
-class BlockedToPlain(nn.Cell):
-    """The features of a blocked network back in NCHW float32, for the head."""
-
-    def __init__(self, blocked_dtype: str):
-        super().__init__()
-        self.reorder = to_plain_op(blocked_dtype)
-
-    def construct(self, x):
-        return self.reorder(x)
-
-
-def _twice(x):  # the outputs' shapes or types: the input's, twice
-    return x, x
-
-
-@functools.lru_cache(maxsize=None)
-def fork_op() -> ops.Custom:
-    """x -> two copies of x; the gradient is the sum of the two copies' gradients."""
-    total = _aot("Sum", _of_input(0), _of_input(0))
-
-    def bprop(x, out, dout):
-        return (total(dout[0], dout[1]),)
-
-    return _aot("Fork", _twice, _twice, bprop)
-
-
-class InputFork(nn.Cell):
-    """A block's input for its two branches, in training each its own copy: MindSpore sums the
-    gradients of a tensor two operations read with AddN, which has no bfloat16 kernel on CPU; the
-    copies' backward sums them in our kernel. In evaluation both branches read the input itself."""
-
-    def __init__(self):
-        super().__init__()
-        self.fork = fork_op()
-
-    def construct(self, x):
-        if self.training:
-            return self.fork(x)
-        return x, x
+from src.cpu_layers.normalization import OneDnnBatchNorm2d, forked_batch_norm_op, swap_batch_norm
+from src.cpu_layers.pooling import OneDnnMaxPool, max_pool_ops
 
 
 def _blockable(net: nn.Cell, block: int) -> bool:
@@ -131,7 +49,7 @@ def _hand_activations_to_norms(cell: nn.Cell, dtype: mstype.Type) -> None:
     if not activations or not all(isinstance(getattr(cell, name, None), OneDnnBatchNorm2d) for name in activations):
         return
     for name, activation in activations.items():
-        _swap_batch_norm(getattr(cell, name), activation, dtype)
+        swap_batch_norm(getattr(cell, name), activation, dtype)
     cell.norms_activate = True
 
 
@@ -166,10 +84,10 @@ def use_onednn_layers(net: nn.Cell, *, bf16: bool = False, fuse_activations: boo
     for _, cell in net.cells_and_names():
         if supported(cell):
             layout = OUTPUT_BLOCKED if cell is stem else INPUT_BLOCKED | OUTPUT_BLOCKED
-            _swap_convolution(cell, bf16=bf16, input_gradient=cell is not stem, layout=layout,
+            swap_convolution(cell, bf16=bf16, input_gradient=cell is not stem, layout=layout,
                               output_dtype=blocked_dtype)
         elif type(cell) is nn.BatchNorm2d:
-            _swap_batch_norm(cell, dtype=dtype)
+            swap_batch_norm(cell, dtype=dtype)
     if bf16:
         for block in [cell for _, cell in net.cells_and_names() if hasattr(cell, "input_fork")]:
             block.input_fork = InputFork()
