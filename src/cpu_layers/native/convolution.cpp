@@ -270,4 +270,63 @@ const char *convolution_path(const int64_t *x, const int64_t *w, const int64_t *
     return image_inside_kernel(x_dims, w_dims, y_dims, p) ? "image inside kernel" : "convolution";
 }
 
+namespace {
+
+// The convolutions' part of run() (core.cpp).
+std::string record_problem(const KernelCall &call) {
+    const auto &p = *static_cast<const ConvParams *>(call.record);
+    if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1 || p.groups < 1 ||
+        (p.bf16 != 0 && p.bf16 != 1) || p.layout < 0 || p.layout > 3 || (p.inference != 0 && p.inference != 1))
+        return "the convolution's parameter record is out of range (stride, dilation and groups >= 1, bf16 0 or "
+               "1, layout 0-3, inference 0 or 1)";
+    return "";
+}
+
+std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
+    ConvParams p;
+    std::memcpy(&p, call.record, sizeof(p));
+    int64_t **shapes = call.shapes;
+    memory::dims x, w, y;
+    int x_slot, y_slot;  // the x and y (or dx and dy) arguments, whose types the user descriptors take
+    int64_t matrix_elements = 0;
+    if (call.kind == kConvForward) {
+        x = dims_of(shapes[conv_forward::x], 4), w = dims_of(shapes[conv_forward::w], 4);
+        y = dims_of(shapes[conv_forward::y], 4), x_slot = conv_forward::x, y_slot = conv_forward::y;
+        matrix_elements = element_count(call.ndims[conv_forward::matrix], shapes[conv_forward::matrix]);
+    } else if (call.kind == kConvBackwardData) {
+        x = dims_of(shapes[conv_backward_data::x_shape], 4), w = dims_of(shapes[conv_backward_data::w], 4);
+        y = dims_of(shapes[conv_backward_data::dy], 4);
+        x_slot = conv_backward_data::dx, y_slot = conv_backward_data::dy;
+        matrix_elements = element_count(call.ndims[conv_backward_data::matrix], shapes[conv_backward_data::matrix]);
+    } else {
+        x = dims_of(shapes[conv_backward_weights::x], 4), w = dims_of(shapes[conv_backward_weights::w_shape], 4);
+        y = dims_of(shapes[conv_backward_weights::dy], 4);
+        x_slot = conv_backward_weights::x, y_slot = conv_backward_weights::dy;
+    }
+    if (p.pad_top < 0) same_padding(p, x, w);
+    return conv_plan(call.kind, x, w, y, p, data_type(call.dtypes[x_slot]), data_type(call.dtypes[y_slot]),
+                     matrix_elements);
+}
+
+// y's elements x w's per output channel.
+int64_t macs(const KernelCall &call) {
+    const Kind kind = call.kind;
+    const int64_t *w = kind == kConvForward ? call.shapes[conv_forward::w]
+                       : kind == kConvBackwardData ? call.shapes[conv_backward_data::w]
+                                                   : call.shapes[conv_backward_weights::w_shape];
+    const int64_t *y = kind == kConvForward ? call.shapes[conv_forward::y]
+                       : kind == kConvBackwardData ? call.shapes[conv_backward_data::dy]
+                                                   : call.shapes[conv_backward_weights::dy];
+    return element_count(4, y) * w[1] * w[2] * w[3];
+}
+
+// A training forward thaws the frozen weights (FreezeWeights).
+void before(const KernelCall &call) {
+    if (call.kind == kConvForward && !static_cast<const ConvParams *>(call.record)->inference) g_frozen_version = 0;
+}
+
+}  // namespace
+
+const Family kConvolutionFamily = {record_problem, make_plan, macs, before, nullptr};
+
 }  // namespace resnet_conv

@@ -199,33 +199,33 @@ static_assert(norm_backward_summed::dy_copy == norm_backward::residual && norm_b
 const KernelInfo &info(Kind kind) {
     static const KernelInfo table[] = {
         {"ConvForward", CONV_FORWARD_SLOTS(NAME_OF), conv_forward::count, conv_forward::params, sizeof(ConvParams),
-         "int32", -1, {conv_forward::x, conv_forward::w, conv_forward::y}},
+         "int32", -1, {conv_forward::x, conv_forward::w, conv_forward::y}, &kConvolutionFamily},
         {"ConvBackwardData", CONV_BACKWARD_DATA_SLOTS(NAME_OF), conv_backward_data::count, conv_backward_data::params,
          sizeof(ConvParams), "int32", -1,
-         {conv_backward_data::dy, conv_backward_data::w, conv_backward_data::x_shape, conv_backward_data::dx}},
+         {conv_backward_data::dy, conv_backward_data::w, conv_backward_data::x_shape, conv_backward_data::dx}, &kConvolutionFamily},
         {"ConvBackwardWeights", CONV_BACKWARD_WEIGHTS_SLOTS(NAME_OF), conv_backward_weights::count,
          conv_backward_weights::params, sizeof(ConvParams), "int32", -1,
          {conv_backward_weights::x, conv_backward_weights::dy, conv_backward_weights::w_shape,
-          conv_backward_weights::dw}},
+          conv_backward_weights::dw}, &kConvolutionFamily},
         {"NormForward", NORM_FORWARD_SLOTS(NAME_OF), norm_forward::count, norm_forward::params, sizeof(NormParams),
-         "float32", norm_forward::workspace, {norm_forward::x, norm_forward::y}},
+         "float32", norm_forward::workspace, {norm_forward::x, norm_forward::y}, &kNormalizationFamily},
         {"NormBackward", NORM_BACKWARD_SLOTS(NAME_OF), norm_backward::count, norm_backward::params,
          sizeof(NormParams), "float32", norm_backward::workspace,
-         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx}},
+         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx}, &kNormalizationFamily},
         {"PoolForward", POOL_FORWARD_SLOTS(NAME_OF), pool_forward::count, pool_forward::params, sizeof(PoolParams),
-         "int32", -1, {pool_forward::x, pool_forward::y}},
+         "int32", -1, {pool_forward::x, pool_forward::y}, &kPoolingFamily},
         {"PoolBackward", POOL_BACKWARD_SLOTS(NAME_OF), pool_backward::count, pool_backward::params,
-         sizeof(PoolParams), "int32", -1, {pool_backward::x, pool_backward::dy, pool_backward::dx}},
-        {"ToPlain", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1, {reorder_slots::x, reorder_slots::y}},
+         sizeof(PoolParams), "int32", -1, {pool_backward::x, pool_backward::dy, pool_backward::dx}, &kPoolingFamily},
+        {"ToPlain", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1, {reorder_slots::x, reorder_slots::y}, &kElementwiseFamily},
         {"ToBlocked", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1,
-         {reorder_slots::x, reorder_slots::y}},
-        {"Sum", SUM_SLOTS(NAME_OF), sum_slots::count, -1, 0, "", -1, {}},
+         {reorder_slots::x, reorder_slots::y}, &kElementwiseFamily},
+        {"Sum", SUM_SLOTS(NAME_OF), sum_slots::count, -1, 0, "", -1, {}, &kElementwiseFamily},
         {"NormForwardForked", NORM_FORWARD_FORKED_SLOTS(NAME_OF), norm_forward_forked::count, norm_forward::params,
          sizeof(NormParams), "float32", norm_forward::workspace,
-         {norm_forward::x, norm_forward::y, norm_forward_forked::y_copy}},
+         {norm_forward::x, norm_forward::y, norm_forward_forked::y_copy}, &kNormalizationFamily},
         {"NormBackwardSummed", NORM_BACKWARD_SUMMED_SLOTS(NAME_OF), norm_backward_summed::count,
          norm_backward::params, sizeof(NormParams), "float32", norm_backward::workspace,
-         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx, norm_backward_summed::dy_copy}},
+         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx, norm_backward_summed::dy_copy}, &kNormalizationFamily},
     };
     return table[kind];
 }
@@ -262,9 +262,12 @@ int fail(const char *name, const char *slots, int nparam, int *ndims, int64_t **
 namespace {
 
 // Why a kernel cannot take these arguments, or "" when it can.
-std::string arguments_problem(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes,
-                              const char **dtypes) {
-    const KernelInfo &k = info(kind);
+std::string arguments_problem(const KernelCall &call) {
+    const KernelInfo &k = info(call.kind);
+    const int nparam = call.nparam;
+    int *ndims = call.ndims;
+    int64_t **shapes = call.shapes;
+    const char **dtypes = call.dtypes;
     if (nparam != k.count)
         return "takes " + std::to_string(k.count) + " arguments, was given " + std::to_string(nparam);
     for (int i = 0; i < nparam; ++i) {
@@ -279,31 +282,7 @@ std::string arguments_problem(Kind kind, int nparam, void **params, int *ndims, 
         (ndims[k.params_slot] != 1 || static_cast<size_t>(shapes[k.params_slot][0]) * 4 != k.params_size))
         return "the parameter record holds " + std::to_string(element_count(ndims[k.params_slot], shapes[k.params_slot])) +
                " values, not " + std::to_string(k.params_size / 4);
-    if (is_norm(kind)) {
-        const auto &p = *static_cast<const NormParams *>(params[k.params_slot]);
-        if (p.activation != 0.f && p.activation != 1.f && p.activation != 2.f)
-            return "the normalization's activation " + std::to_string(p.activation) + " is not 0, 1 or 2";
-        if ((kind == kNormForwardForked || kind == kNormBackwardSummed) &&
-            (p.activation != 2.f || std::strcmp(dtypes[0], "float32") != 0))
-            return "a forked normalization ends a block (activation 2, add_relu) on float32 tensors";
-        const int residual = is_norm_forward(kind) ? int(norm_forward::residual) : int(norm_backward::residual);
-        if (p.activation == 2.f && (element_count(ndims[residual], shapes[residual]) != element_count(4, shapes[0]) ||
-                                    std::strcmp(dtypes[residual], dtypes[0]) != 0))
-            return "the residual added after the normalization is not of its input's shape and type";
-    }
-    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
-        const auto &p = *static_cast<const ConvParams *>(params[k.params_slot]);
-        if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1 || p.groups < 1 ||
-            (p.bf16 != 0 && p.bf16 != 1) || p.layout < 0 || p.layout > 3 || (p.inference != 0 && p.inference != 1))
-            return "the convolution's parameter record is out of range (stride, dilation and groups >= 1, bf16 0 or "
-                   "1, layout 0-3, inference 0 or 1)";
-    }
-    if (kind == kPoolForward || kind == kPoolBackward) {
-        const auto &p = *static_cast<const PoolParams *>(params[k.params_slot]);
-        if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || p.pad >= p.kernel)
-            return "the pooling's parameter record is out of range";
-    }
-    return "";
+    return k.family->record_problem ? k.family->record_problem(call) : "";
 }
 
 std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const char **dtypes, const void *params,
@@ -315,46 +294,6 @@ std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const ch
     }
     key.append(static_cast<const char *>(params), size);
     return key;
-}
-
-std::unique_ptr<Plan> make_plan(Kind kind, int *ndims, int64_t **shapes, const char **dtypes, const void *raw,
-                                int64_t workspace_bytes) {
-    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
-        ConvParams p;
-        std::memcpy(&p, raw, sizeof(p));
-        memory::dims x, w, y;
-        int x_slot, y_slot;  // the x and y (or dx and dy) arguments, whose types the user descriptors take
-        int64_t matrix_elements = 0;
-        if (kind == kConvForward) {
-            x = dims_of(shapes[conv_forward::x], 4), w = dims_of(shapes[conv_forward::w], 4);
-            y = dims_of(shapes[conv_forward::y], 4), x_slot = conv_forward::x, y_slot = conv_forward::y;
-            matrix_elements = element_count(ndims[conv_forward::matrix], shapes[conv_forward::matrix]);
-        } else if (kind == kConvBackwardData) {
-            x = dims_of(shapes[conv_backward_data::x_shape], 4), w = dims_of(shapes[conv_backward_data::w], 4);
-            y = dims_of(shapes[conv_backward_data::dy], 4);
-            x_slot = conv_backward_data::dx, y_slot = conv_backward_data::dy;
-            matrix_elements = element_count(ndims[conv_backward_data::matrix], shapes[conv_backward_data::matrix]);
-        } else {
-            x = dims_of(shapes[conv_backward_weights::x], 4), w = dims_of(shapes[conv_backward_weights::w_shape], 4);
-            y = dims_of(shapes[conv_backward_weights::dy], 4);
-            x_slot = conv_backward_weights::x, y_slot = conv_backward_weights::dy;
-        }
-        if (p.pad_top < 0) same_padding(p, x, w);
-        return conv_plan(kind, x, w, y, p, data_type(dtypes[x_slot]), data_type(dtypes[y_slot]), matrix_elements);
-    }
-    if (is_norm(kind)) {
-        NormParams p;
-        std::memcpy(&p, raw, sizeof(p));
-        return norm_plan(kind, dims_of(shapes[0], 4), p, workspace_bytes, data_type(dtypes[0]));
-    }
-    if (kind == kPoolForward || kind == kPoolBackward) {
-        PoolParams p;
-        std::memcpy(&p, raw, sizeof(p));
-        auto y = kind == kPoolForward ? shapes[pool_forward::y] : shapes[pool_backward::dy];
-        return pool_plan(kind, dims_of(shapes[0], 4), dims_of(y, 4), p, data_type(dtypes[0]));
-    }
-    if (kind == kSum) return sum_plan(element_count(ndims[0], shapes[0]), data_type(dtypes[0]));
-    return reorder_plan(kind, dims_of(shapes[0], 4), data_type(dtypes[0]), data_type(dtypes[1]));
 }
 
 // The cached plan for `key`, made by `make` when missing; the least recently used go beyond the limit.
@@ -373,22 +312,10 @@ Plan &cached_plan(State &s, const std::string &key, Make make) {
     return *found->second.plan;
 }
 
-int plan_threads(Kind kind, int *ndims, int64_t **shapes) {
-    int64_t work = 0, limit = kOneThreadElements;
-    if (kind == kConvForward || kind == kConvBackwardData || kind == kConvBackwardWeights) {
-        // (x, y, w) slots: a convolution's multiply-accumulates are y's elements x w's per output channel
-        const int64_t *w = kind == kConvForward ? shapes[conv_forward::w]
-                           : kind == kConvBackwardData ? shapes[conv_backward_data::w]
-                                                       : shapes[conv_backward_weights::w_shape];
-        const int64_t *y = kind == kConvForward ? shapes[conv_forward::y]
-                           : kind == kConvBackwardData ? shapes[conv_backward_data::dy]
-                                                       : shapes[conv_backward_weights::dy];
-        work = element_count(4, y) * w[1] * w[2] * w[3];
-        limit = kOneThreadMacs;
-    } else {
-        work = element_count(ndims[0], shapes[0]);
-    }
-    return work < limit ? 1 : kernel_threads();
+int plan_threads(const Family &family, const KernelCall &call) {
+    const bool small = family.macs ? family.macs(call) < kOneThreadMacs
+                                   : element_count(call.ndims[0], call.shapes[0]) < kOneThreadElements;
+    return small ? 1 : kernel_threads();
 }
 
 
@@ -412,23 +339,21 @@ int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, cons
     try {
         auto &s = state();
         std::lock_guard<std::mutex> guard(s.lock);
-        const std::string problem = arguments_problem(kind, nparam, params, ndims, shapes, dtypes);
+        // the record is read only once the generic checks found it where and of the size it should be
+        const KernelCall call{kind, nparam, params, ndims, shapes, dtypes,
+                              nparam == k.count && k.params_slot >= 0 ? params[k.params_slot] : ""};
+        const std::string problem = arguments_problem(call);
         if (!problem.empty()) return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, problem);
-        const void *raw = k.params_slot >= 0 ? params[k.params_slot] : "";
-        use_threads(plan_threads(kind, ndims, shapes));
-        if (kind == kConvForward && !static_cast<const ConvParams *>(raw)->inference) g_frozen_version = 0;
+        const Family &family = *k.family;
+        use_threads(plan_threads(family, call));
+        if (family.before) family.before(call);
         const int64_t workspace_bytes =
             k.workspace_slot >= 0 ? element_count(ndims[k.workspace_slot], shapes[k.workspace_slot]) : 0;
-        auto &plan = cached_plan(s, key_of(kind, nparam, ndims, shapes, dtypes, raw, k.params_size),
-                                 [&] { return make_plan(kind, ndims, shapes, dtypes, raw, workspace_bytes); });
-        if (kind == kNormBackward && static_cast<const NormParams *>(raw)->activation != 2.f)
-            zero_stand_in_gradient(params, shapes[norm_backward::residual], ndims[norm_backward::residual],
-                                   dtypes[norm_backward::residual]);
-        if (kind == kNormBackwardSummed) masked_sum(params, element_count(4, shapes[0]));
+        auto &plan = cached_plan(s, key_of(kind, nparam, ndims, shapes, dtypes, call.record, k.params_size),
+                                 [&] { return family.make_plan(call, workspace_bytes); });
         execute(plan, params);
         s.stream.wait();
-        if (kind == kNormForwardForked) add_relu_twice(params, element_count(4, shapes[0]));
-        if (is_norm_forward(kind)) move_statistics(params, shapes[0], *static_cast<const NormParams *>(raw));
+        if (family.after) family.after(call);
         return 0;
     } catch (const dnnl::error &e) {
         return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, std::string("oneDNN: ") + e.what());

@@ -159,10 +159,6 @@ enum Kind {
     kPoolBackward, kToPlain, kToBlocked, kSum, kNormForwardForked, kNormBackwardSummed
 };
 
-inline bool is_norm(int kind) {
-    return kind == kNormForward || kind == kNormBackward || kind == kNormForwardForked || kind == kNormBackwardSummed;
-}
-
 inline bool is_norm_forward(int kind) { return kind == kNormForward || kind == kNormForwardForked; }
 
 // One tensor argument of a primitive: the memory MindSpore owns (`slot` indexes the kernel's
@@ -322,10 +318,32 @@ inline bool all_float32(int nparam, const char **dtypes) {
     return true;
 }
 
+// One call of a plan kernel (run): its kind, its arguments and its parameter record (`record`; ""
+// for kernels without one).
+struct KernelCall {
+    Kind kind;
+    int nparam;
+    void **params;
+    int *ndims;
+    int64_t **shapes;
+    const char **dtypes;
+    const void *record;
+};
+
+// What a family of plan kernels gives run() (core.cpp); each family's file defines its own.
+struct Family {
+    std::string (*record_problem)(const KernelCall &);  // why the record is out of range, or ""; nullptr: no record
+    std::unique_ptr<Plan> (*make_plan)(const KernelCall &, int64_t workspace_bytes);
+    int64_t (*macs)(const KernelCall &);  // multiply-accumulates, for the thread count (nullptr: count elements)
+    void (*before)(const KernelCall &);   // the family's own loops before the plan runs (nullptr: none)
+    void (*after)(const KernelCall &);    // and after it
+};
+extern const Family kConvolutionFamily, kNormalizationFamily, kPoolingFamily, kElementwiseFamily;
+
 // What each kernel takes, checked before anything is read: the slot count, where its parameter
 // record is (and of which type and size), which slot is the uint8 workspace, which hold [N, C, H, W]
 // tensors. Every other argument is float32 or bfloat16 (which combinations of those a primitive
-// takes is oneDNN's to say).
+// takes is oneDNN's to say). `family` makes and runs its plans.
 struct KernelInfo {
     const char *name;
     const char *slots;  // the names, each followed by a comma
@@ -335,6 +353,7 @@ struct KernelInfo {
     const char *params_dtype;
     int workspace_slot;  // -1: none
     std::vector<int> four_d;
+    const Family *family;
 };
 
 // Defined in core.cpp: the state, its buffers and layouts, the operands and how a plan runs, the
@@ -370,21 +389,7 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
                                  const memory::dims &y_dims, const ConvParams &p, const memory::desc &x_user,
                                  const memory::desc &y_user, int64_t matrix_elements);
 
-// normalization.cpp
-std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const NormParams &p, int64_t workspace_bytes,
-                                dt type);
-void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const char *dtype);
-void add_relu_twice(void **slots, int64_t count);
-void masked_sum(void **slots, int64_t count);
-void move_statistics(void **slots, const int64_t *x, const NormParams &p);
-
-// pooling.cpp
-std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::dims &y, const PoolParams &p,
-                                dt type);
-
 // elementwise.cpp
-std::unique_ptr<Plan> reorder_plan(Kind kind, const memory::dims &x, dt x_type, dt y_type);
-std::unique_ptr<Plan> sum_plan(int64_t count, dt type);
 int fork_copies(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
 int all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
 int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);

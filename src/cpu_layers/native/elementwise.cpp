@@ -4,6 +4,8 @@
 
 namespace resnet_conv {
 
+namespace {
+
 // A reorder between the two layouts (and the types of the two tensors).
 std::unique_ptr<Plan> reorder_plan(Kind kind, const memory::dims &x, dt x_type, dt y_type) {
     auto from = activation(x, x_type, kind == kToPlain), to = activation(x, y_type, kind == kToBlocked);
@@ -24,6 +26,16 @@ std::unique_ptr<Plan> sum_plan(int64_t count, dt type) {
                                            operand(DNNL_ARG_MULTIPLE_SRC + 1, sum_slots::b, false, elements, elements),
                                            operand(DNNL_ARG_DST, sum_slots::y, true, elements, elements)});
 }
+
+// The reorders' and the sum's part of run() (core.cpp).
+std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
+    if (call.kind == kSum) return sum_plan(element_count(call.ndims[0], call.shapes[0]), data_type(call.dtypes[0]));
+    return reorder_plan(call.kind, dims_of(call.shapes[0], 4), data_type(call.dtypes[0]), data_type(call.dtypes[1]));
+}
+
+}  // namespace
+
+const Family kElementwiseFamily = {nullptr, make_plan, nullptr, nullptr, nullptr};
 
 // The kernels below do not use oneDNN but share its threads and the error message: they take the lock too.
 

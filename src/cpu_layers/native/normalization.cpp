@@ -7,6 +7,8 @@
 
 namespace resnet_conv {
 
+namespace {
+
 // Batch normalization on blocked tensors, per channel: scale (gamma) and shift (beta), slots as
 // NORM_FORWARD_SLOTS and NORM_BACKWARD_SLOTS say. The batch variance is the biased one oneDNN
 // normalizes with; with global_stats the given statistics are used and are not written out. The
@@ -98,8 +100,6 @@ void zero_stand_in_gradient(void **slots, const int64_t *shape, int ndims, const
     std::memset(slots[norm_backward::dresidual], 0, element_count(ndims, shape) * element_size(dtype));
 }
 
-namespace {
-
 // The two loops below select with bit masks, not branches: a branch on the sign of each element
 // mispredicted on every other one and ran at a tenth of the memory's speed (this build's -O2 does
 // not if-convert them).
@@ -110,8 +110,6 @@ inline float kept_if(float value, bool keep) {
     std::memcpy(&value, &bits, sizeof(bits));
     return value;
 }
-
-}  // namespace
 
 // A forked normalization's residual addition and ReLU: y = y_copy = max(y + residual, 0), the float
 // operations of oneDNN's binary addition with its ReLU after (NormForward's postlude), written twice.
@@ -174,5 +172,46 @@ void move_statistics(void **slots, const int64_t *x, const NormParams &p) {
         moving_variance[c] = moving_variance[c] * (1.f - p.momentum) + variance[c] * unbias * p.momentum;
     }
 }
+
+// The normalizations' part of run() (core.cpp).
+std::string record_problem(const KernelCall &call) {
+    const auto &p = *static_cast<const NormParams *>(call.record);
+    const Kind kind = call.kind;
+    if (p.activation != 0.f && p.activation != 1.f && p.activation != 2.f)
+        return "the normalization's activation " + std::to_string(p.activation) + " is not 0, 1 or 2";
+    if ((kind == kNormForwardForked || kind == kNormBackwardSummed) &&
+        (p.activation != 2.f || std::strcmp(call.dtypes[0], "float32") != 0))
+        return "a forked normalization ends a block (activation 2, add_relu) on float32 tensors";
+    const int residual = is_norm_forward(kind) ? int(norm_forward::residual) : int(norm_backward::residual);
+    if (p.activation == 2.f &&
+        (element_count(call.ndims[residual], call.shapes[residual]) != element_count(4, call.shapes[0]) ||
+         std::strcmp(call.dtypes[residual], call.dtypes[0]) != 0))
+        return "the residual added after the normalization is not of its input's shape and type";
+    return "";
+}
+
+std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t workspace_bytes) {
+    NormParams p;
+    std::memcpy(&p, call.record, sizeof(p));
+    return norm_plan(call.kind, dims_of(call.shapes[0], 4), p, workspace_bytes, data_type(call.dtypes[0]));
+}
+
+void before(const KernelCall &call) {
+    const auto &p = *static_cast<const NormParams *>(call.record);
+    if (call.kind == kNormBackward && p.activation != 2.f)
+        zero_stand_in_gradient(call.params, call.shapes[norm_backward::residual], call.ndims[norm_backward::residual],
+                               call.dtypes[norm_backward::residual]);
+    if (call.kind == kNormBackwardSummed) masked_sum(call.params, element_count(4, call.shapes[0]));
+}
+
+void after(const KernelCall &call) {
+    if (call.kind == kNormForwardForked) add_relu_twice(call.params, element_count(4, call.shapes[0]));
+    if (is_norm_forward(call.kind))
+        move_statistics(call.params, call.shapes[0], *static_cast<const NormParams *>(call.record));
+}
+
+}  // namespace
+
+const Family kNormalizationFamily = {record_problem, make_plan, nullptr, before, after};
 
 }  // namespace resnet_conv

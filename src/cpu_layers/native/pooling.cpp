@@ -3,6 +3,8 @@
 
 namespace resnet_conv {
 
+namespace {
+
 // Max pooling on blocked tensors; the padding never wins a window (PyTorch's -inf padding). The
 // backward runs the forward first for the positions of the maxima (oneDNN's workspace).
 std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::dims &y, const PoolParams &p,
@@ -40,5 +42,23 @@ std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::
     own_scratchpad(*plan, backward);
     return plan;
 }
+
+// Max pooling's part of run() (core.cpp).
+std::string record_problem(const KernelCall &call) {
+    const auto &p = *static_cast<const PoolParams *>(call.record);
+    if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || p.pad >= p.kernel) return "the pooling's parameter record is out of range";
+    return "";
+}
+
+std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
+    PoolParams p;
+    std::memcpy(&p, call.record, sizeof(p));
+    auto y = call.kind == kPoolForward ? call.shapes[pool_forward::y] : call.shapes[pool_backward::dy];
+    return pool_plan(call.kind, dims_of(call.shapes[0], 4), dims_of(y, 4), p, data_type(call.dtypes[0]));
+}
+
+}  // namespace
+
+const Family kPoolingFamily = {record_problem, make_plan, nullptr, nullptr, nullptr};
 
 }  // namespace resnet_conv

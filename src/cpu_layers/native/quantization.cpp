@@ -187,8 +187,8 @@ const char kLsqProblem[] =
 // The checks both directions share: 0 with `call` filled, else fail's code.
 int lsq_call(bool backward, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
              LsqCall *call) {
-    const int params_slot = backward ? lsq_grad::params : lsq::params;
-    bool ok = nparam == (backward ? lsq_grad::count : lsq::count);
+    const int params_slot = backward ? int(lsq_grad::params) : int(lsq::params);
+    bool ok = nparam == (backward ? int(lsq_grad::count) : int(lsq::count));
     if (ok) {
         call->count = element_count(ndims[0], shapes[0]);
         call->alphas = element_count(ndims[1], shapes[1]);
