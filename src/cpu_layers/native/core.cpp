@@ -202,7 +202,8 @@ const KernelInfo &info(Kind kind) {
          "int32", -1, {conv_forward::x, conv_forward::w, conv_forward::y}, &kConvolutionFamily},
         {"ConvBackwardData", CONV_BACKWARD_DATA_SLOTS(NAME_OF), conv_backward_data::count, conv_backward_data::params,
          sizeof(ConvParams), "int32", -1,
-         {conv_backward_data::dy, conv_backward_data::w, conv_backward_data::x_shape, conv_backward_data::dx}, &kConvolutionFamily},
+         {conv_backward_data::dy, conv_backward_data::w, conv_backward_data::x_shape, conv_backward_data::dx},
+         &kConvolutionFamily},
         {"ConvBackwardWeights", CONV_BACKWARD_WEIGHTS_SLOTS(NAME_OF), conv_backward_weights::count,
          conv_backward_weights::params, sizeof(ConvParams), "int32", -1,
          {conv_backward_weights::x, conv_backward_weights::dy, conv_backward_weights::w_shape,
@@ -216,7 +217,8 @@ const KernelInfo &info(Kind kind) {
          "int32", -1, {pool_forward::x, pool_forward::y}, &kPoolingFamily},
         {"PoolBackward", POOL_BACKWARD_SLOTS(NAME_OF), pool_backward::count, pool_backward::params,
          sizeof(PoolParams), "int32", -1, {pool_backward::x, pool_backward::dy, pool_backward::dx}, &kPoolingFamily},
-        {"ToPlain", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1, {reorder_slots::x, reorder_slots::y}, &kElementwiseFamily},
+        {"ToPlain", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1, {reorder_slots::x, reorder_slots::y},
+        &kElementwiseFamily},
         {"ToBlocked", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1,
          {reorder_slots::x, reorder_slots::y}, &kElementwiseFamily},
         {"Sum", SUM_SLOTS(NAME_OF), sum_slots::count, -1, 0, "", -1, {}, &kElementwiseFamily},
@@ -225,7 +227,8 @@ const KernelInfo &info(Kind kind) {
          {norm_forward::x, norm_forward::y, norm_forward_forked::y_copy}, &kNormalizationFamily},
         {"NormBackwardSummed", NORM_BACKWARD_SUMMED_SLOTS(NAME_OF), norm_backward_summed::count,
          norm_backward::params, sizeof(NormParams), "float32", norm_backward::workspace,
-         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx, norm_backward_summed::dy_copy}, &kNormalizationFamily},
+         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx, norm_backward_summed::dy_copy},
+         &kNormalizationFamily},
     };
     return table[kind];
 }

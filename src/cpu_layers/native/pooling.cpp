@@ -46,8 +46,8 @@ std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::
 // Max pooling's part of run() (core.cpp).
 std::string record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const PoolParams *>(call.record);
-    if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || p.pad >= p.kernel) return "the pooling's parameter record is out of range";
-    return "";
+    const bool in_range = p.kernel >= 1 && p.stride >= 1 && p.pad >= 0 && p.pad < p.kernel;
+    return in_range ? "" : "the pooling's parameter record is out of range";
 }
 
 std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
