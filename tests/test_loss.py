@@ -49,6 +49,16 @@ def test_uniform_logits_give_log_k_whatever_the_smoothing():
         assert ms_loss(CrossEntropySmooth(10, smooth), logits, labels) == pytest.approx(np.log(10), rel=1e-5)
 
 
+def test_a_label_far_below_the_largest_logit_costs_its_distance_not_inf():
+    """A logit 200 below the largest: MindSpore's CPU SoftmaxCrossEntropyWithLogits gives inf there
+    (exp underflows from ~87), which SCOP's knockoff stage logged before it took this loss."""
+    logits = np.zeros((4, 10), np.float32)
+    logits[:, 3] = 200.0
+    labels = np.array([0, 3, 3, 3], np.int32)
+    assert ms_loss(create_loss(num_classes=10), logits, labels) == pytest.approx(50.0, rel=1e-6)
+    assert ms_loss(create_loss(num_classes=10), logits, labels) == pytest.approx(numpy_loss(logits, labels, 0.0))
+
+
 def test_create_loss():
     cell = create_loss(num_classes=4, label_smooth_factor=0.1)
     assert ms_loss(cell) == pytest.approx(numpy_loss(LOGITS, LABELS, 0.1), rel=1e-5)

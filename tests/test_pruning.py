@@ -24,6 +24,7 @@ from src.resnet import create_model
 from src.runtime import caps_mindspore_isa
 from src.training.checkpoint import load_pretrained, network_from_checkpoint
 from src.training.factory import check_step_keys, create_ema_twin, prune
+from src.training.loss import create_loss
 
 PRUNE = ["--compression", "prune"]
 SCOP = ["--prune_criterion", "scop"]
@@ -100,7 +101,8 @@ def test_scop_keeps_the_channels_of_highest_knockoff_score():
             param.set_data(ms.Tensor(rng.uniform(0.5, 1.5, param.shape).astype(np.float32)))
     values = {param.name: param.asnumpy() for param in source.get_parameters()}
     batches = [(rng.standard_normal((8, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 8)) for _ in range(2)]
-    scores = knockoff_scores(source, batches, np.array([0.1, 0.05], np.float32), seed=1)
+    scores = knockoff_scores(source, batches, np.array([0.1, 0.05], np.float32), seed=1,
+                             loss_fn=create_loss(num_classes=10))
     assert sorted(scores) == sorted(f"layer{i}.0.conv{j}" for i in range(1, 5) for j in (1, 2))
     assert all(np.abs(score).max() > 0 for score in scores.values())
 

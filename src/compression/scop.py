@@ -33,27 +33,27 @@ def knockoff_batch(images: np.ndarray, labels: np.ndarray, *, seed: int, step: i
 
 
 def knockoff_scores(net: nn.Cell, batches: Iterable[Tuple[np.ndarray, np.ndarray]], lrs: np.ndarray, *,
-                    seed: int, momentum: float = 0.9,
+                    seed: int, loss_fn: nn.Cell, momentum: float = 0.9,
                     on_step: Optional[Callable[[int, int, Tensor, float], None]] = None) -> Dict[str, np.ndarray]:
     """Train `net`'s knockoff scales (Golden Stick's KfConv2d cells, put in place of its conv+BN
-    pairs: `net` is consumed) on `batches`, one step per lr of `lrs` (Momentum, no weight decay, as
-    Golden Stick's ResNet example), and return SCOP's score of every wrapped convolution's output
-    channels, |gamma| * (2 kfscale - 1), by the convolution's cell name (`layer1.0.conv1`).
-    `on_step(step, images, loss, lr)` follows each step (from 1; images with their knockoffs)."""
+    pairs: `net` is consumed) on `batches` against `loss_fn` (logits, labels or soft targets), one
+    step per lr of `lrs` (Momentum, no weight decay, as Golden Stick's ResNet example), and return
+    SCOP's score of every wrapped convolution's output channels, |gamma| * (2 kfscale - 1), by the
+    convolution's cell name (`layer1.0.conv1`). `on_step(step, images, loss, lr)` follows each step
+    (from 1; images with their knockoffs). Golden Stick's example takes MindSpore's
+    SoftmaxCrossEntropyWithLogits, whose CPU kernel gives inf where a label's logit is ~87 below the
+    largest (its exp underflows); the caller's log-softmax loss gives the true value."""
     golden_stick("prune_criterion scop")
     from mindspore_gs.pruner.scop.scop_pruner import KfConv2d, PrunerKfCompressAlgo
 
     knockoff = PrunerKfCompressAlgo({}).apply(net)
     optimizer = nn.Momentum(knockoff.trainable_params(), learning_rate=Tensor(np.asarray(lrs, np.float32)),
                             momentum=momentum)
-    train_step = None
+    train_step = nn.TrainOneStepCell(nn.WithLossCell(knockoff, loss_fn), optimizer)
+    train_step.set_train(True)
     for step, (images, labels) in enumerate(batches):
         if step == len(lrs):
             break
-        if train_step is None:  # int labels, or soft targets where the recipe mixes images
-            loss = nn.SoftmaxCrossEntropyWithLogits(sparse=labels.ndim == 1, reduction="mean")
-            train_step = nn.TrainOneStepCell(nn.WithLossCell(knockoff, loss), optimizer)
-            train_step.set_train(True)
         doubled, doubled_labels = knockoff_batch(images, labels, seed=seed, step=step)
         value = train_step(Tensor(doubled), Tensor(doubled_labels if labels.ndim > 1
                                                    else doubled_labels.astype(np.int32)))

@@ -24,7 +24,7 @@ from src.resnet import create_model
 from src.training.callbacks import StageProgress
 from src.training.checkpoint import compressed, load_pretrained
 from src.training.distributed import check_fusion_points, fusion_split_points
-from src.training.loss import loss_from_config
+from src.training.loss import create_loss, loss_from_config
 from src.training.lr_schedule import create_lr_schedule, create_thor_lr_schedule, warmup_cut_short
 from src.training.optimizer import check_optimizer, create_optimizer
 from src.training.precision import create_loss_scale_manager, mixed_precision_network, resolve_amp_level
@@ -132,6 +132,7 @@ def choose_channels_by_scop(cfg: Config, net: nn.Cell, *, rank: int, group_size:
     started = time.perf_counter()  # the float copies' loads below were logged by create_network already
     scores = knockoff_scores(float_network(cfg, log=lambda _: None),
                              iter_host_batches(cfg, rank, group_size, first=0, count=steps), lrs, seed=cfg.seed,
+                             loss_fn=create_loss(num_classes=cfg.class_num),
                              on_step=StageProgress("knockoff", steps, cfg.log_interval, log))
     chosen = float_network(cfg, log=lambda _: None)
     prune_blocks(chosen, cfg.prune_ratio, scores)
