@@ -319,6 +319,7 @@ class WarmStart:
         if timed_out:
             os.kill(pid, signal.SIGKILL)
             ended = self._reply(None)
+        assert "status" in ended, f"the warm process ended ({self.process.wait()}); RESNET_TESTS_COLD=1 runs without it"
         self.cpu_s += ended["cpu_s"]
         stdout, stderr = (Path(path).read_text(encoding=locale.getpreferredencoding(False)) for path in (out, err))
         if timed_out:
