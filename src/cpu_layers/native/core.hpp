@@ -153,6 +153,12 @@ namespace fake_quant { enum { FAKE_QUANT_SLOTS(SLOT_ENUM) count }; }
 namespace fake_quant_grad { enum { FAKE_QUANT_GRAD_SLOTS(SLOT_ENUM) count }; }
 namespace lsq { enum { LSQ_SLOTS(SLOT_ENUM) count }; }
 namespace lsq_grad { enum { LSQ_GRAD_SLOTS(SLOT_ENUM) count }; }
+// As ints: the slot enums are of different types (GCC's -Wenum-compare).
+static_assert(int(norm_backward_summed::dy_copy) == int(norm_backward::residual) &&
+                  int(norm_backward_summed::dx) == int(norm_backward::dx) &&
+                  int(norm_backward_summed::dresidual) == int(norm_backward::dresidual) &&
+                  int(norm_backward_summed::count) == int(norm_backward::count),
+              "NormBackwardSummed's slots are NormBackward's, dy_copy in the residual's");
 
 enum Kind {
     kConvForward, kConvBackwardData, kConvBackwardWeights, kNormForward, kNormBackward, kPoolForward,
@@ -164,12 +170,13 @@ inline bool is_norm_forward(int kind) { return kind == kNormForward || kind == k
 // One tensor argument of a primitive: the memory MindSpore owns (`slot` indexes the kernel's
 // arguments), and the layout the primitive wants; when they differ, a reorder through a buffer.
 struct Operand {
+    Operand(int arg, int slot, bool output, memory user) : arg(arg), slot(slot), output(output), user(user) {}
     int arg;
     int slot;
     bool output;
     memory user;
     memory inner;
-    bool reorders;
+    bool reorders = false;
     dnnl::reorder reorder;  // user -> inner for inputs, inner -> user for outputs
     // Weights of an inference forward: their reorder per weights tensor (by address), with the frozen
     // version it was made under (0: made unfrozen, so made again on the next call).

@@ -199,7 +199,7 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
     const bool itself = matrix_is_weights(x_dims, w_dims, y_dims);
     const bool keeps = kind == kConvForward && p.inference && !itself;
     if (keeps) {
-        plan->operands.push_back(Operand{DNNL_ARG_WEIGHTS, layer.slot, false, memory(), memory(), false, {}});
+        plan->operands.push_back(Operand(DNNL_ARG_WEIGHTS, layer.slot, false, memory()));
         plan->operands.back().keeps_reorders = true;
     }
     Plan *self = plan.get();
