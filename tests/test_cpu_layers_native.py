@@ -1,8 +1,11 @@
 """The CPU layers' native library (src/cpu_layers/native/*.cpp) against what it may be
 given: parameter records and argument slots defined once and checked on both sides, bad arguments
-refused with one line naming the kernel and its shapes, a bounded plan cache, thread changes, other
-batch sizes, grouped and dilated convolutions in the blocked layout, and an AVX2-capped oneDNN."""
+refused and exceptions inside a kernel caught with one line naming the kernel and its shapes, a
+bounded plan cache, thread changes, other batch sizes, grouped and dilated convolutions in the
+blocked layout, and an AVX2-capped oneDNN."""
+import ctypes
 import inspect
+from typing import Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -66,6 +69,64 @@ def test_bad_arguments_are_refused_in_one_line_naming_the_kernel_and_shapes(para
     message = user_error_message(raised.value)
     assert message.startswith("a CPU layer failed: ConvForward(x float32[") and problem in message
     assert "\n" not in message and library.take_error() == ""  # read once
+
+
+# Every kernel the library exports for MindSpore's Custom ops: those with named slots, and the training
+# step's, which take n tensors each way.
+KERNELS = tuple(library.SLOTS) + ("AllFinite", "UnscaleAllFinite", "MomentumStep")
+
+
+def kernel_call(name: str, arrays: Sequence[np.ndarray], dtypes: Optional[Sequence[str]] = None,
+                shapes: Optional[Sequence[Sequence[int]]] = None) -> Tuple[int, str]:
+    """The library's kernel `name` called as MindSpore calls a Custom op's, on numpy arrays (their
+    type names and shapes unless `dtypes` and `shapes` say others): its return code and TakeError's
+    message."""
+    count = len(arrays)
+    dtypes = dtypes or [str(a.dtype) for a in arrays]
+    shapes = shapes or [a.shape for a in arrays]
+    dims = [(ctypes.c_int64 * max(len(shape), 1))(*shape) for shape in shapes]
+    code = getattr(library.load_library(), name)(
+        count, (ctypes.c_void_p * count)(*[a.ctypes.data for a in arrays]),
+        (ctypes.c_int * count)(*[len(shape) for shape in shapes]),
+        (ctypes.POINTER(ctypes.c_int64) * count)(*[ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)) for d in dims]),
+        (ctypes.c_char_p * count)(*[dtype.encode() for dtype in dtypes]), None, None)
+    return code, library.take_error()
+
+
+def test_every_kernel_refuses_arguments_the_kernel_table_does_not_allow_in_one_line():
+    """Each exported kernel's line of the table names it (no arguments at all); a kernel of the
+    library's own loops is refused a type or a count by the same checks as the plan kernels."""
+    for name in KERNELS:
+        code, message = kernel_call(name, [])
+        assert code == 1 and message.startswith(f"{name}(): takes ") and message.endswith(", was given 0"), message
+    one, four = np.zeros(1, np.float32), np.zeros(4, np.float32)
+    assert kernel_call("AllFinite", [four.astype(np.float64), one]) == (
+        1, "AllFinite(#0 float64[4], #1 float32[1]): argument 0 is float64, not float32")
+    code, message = kernel_call("MomentumStep", [one, one, one, one, four, four])
+    assert code == 1 and message.endswith("takes 5 + 3n arguments (n >= 1), was given 6")
+    code, message = kernel_call("FakeQuant", [four, one, one, np.zeros(3, np.float32), four])
+    assert code == 1 and message.endswith("the parameter record holds 3 values, not 4")
+
+
+def exception_outcome() -> dict:
+    """A kernel of the library's own loops made to throw: FakeQuant told that x and its ranges along
+    axis 0 hold 2^60 elements (the buffers hold 4), so the vector of ranges it makes first cannot be
+    that long; then a good call."""
+    huge = 1 << 60
+    x, one = np.zeros(4, np.float32), np.zeros(1, np.float32)
+    params = np.array(record("QuantParams", quant_min=-128, quant_max=127, symmetric=0, channel_axis=0), np.float32)
+    thrown = kernel_call("FakeQuant", [x, x, x, params, x], shapes=[[huge], [huge], [huge], [4], [huge]])
+    finite = kernel_call("AllFinite", [x, one])
+    return {"thrown": thrown, "after": [finite[0], float(one[0])]}
+
+
+def test_an_exception_inside_a_kernel_is_one_line_and_a_failed_call_not_an_abort():
+    """In a process of its own: an exception thrown across the C ABI would end it (std::terminate)."""
+    outcome = outcome_under_a_cap(exception_outcome, "all")
+    code, message = outcome["thrown"]
+    assert code == 1 and message.startswith(f"FakeQuant(x float32[{1 << 60}], low float32[{1 << 60}]"), message
+    assert "\n" not in message and message.split("): ", 1)[1]  # what the exception said
+    assert outcome["after"] == [0, 1.0]  # the lock was released
 
 
 def convolution_pair(cin: int, cout: int, **kwargs):

@@ -1,6 +1,6 @@
-// The library's C ABI: the kernels MindSpore's Custom ops call (KERNEL, and the kernels of their own
-// below), and the functions the Python side calls through ctypes (library.py). Only these are
-// visible outside the library (EXPORT; everything else is hidden by -fvisibility=hidden).
+// The library's C ABI: the kernels MindSpore's Custom ops call (KERNEL, each through call_kernel, the
+// one guarded way in), and the functions the Python side calls through ctypes (library.py). Only
+// these are visible outside the library (EXPORT; everything else is hidden by -fvisibility=hidden).
 #include "core.hpp"
 
 namespace resnet_conv {
@@ -12,23 +12,20 @@ const std::pair<const char *, dnnl::cpu_isa> kIsas[] = {
     {"avx512_core_bf16", dnnl::cpu_isa::avx512_core_bf16}, {"avx512_core_amx", dnnl::cpu_isa::avx512_core_amx},
     {"all", dnnl::cpu_isa::avx512_core_amx_fp16}};
 
-const char *record_fields(const std::string &record) {
-    if (record == "ConvParams") return CONV_PARAMS(NAME_OF);
-    if (record == "NormParams") return NORM_PARAMS(NAME_OF);
-    if (record == "PoolParams") return POOL_PARAMS(NAME_OF);
-    if (record == "QuantParams") return QUANT_PARAMS(NAME_OF);
-    if (record == "LsqParams") return LSQ_PARAMS(NAME_OF);
+const char *record_fields(const char *record) {
+    const std::pair<const char *, const char *> records[] = {
+        {"ConvParams", CONV_PARAMS(NAME_OF)}, {"NormParams", NORM_PARAMS(NAME_OF)},
+        {"PoolParams", POOL_PARAMS(NAME_OF)}, {"QuantParams", QUANT_PARAMS(NAME_OF)},
+        {"LsqParams", LSQ_PARAMS(NAME_OF)}};
+    for (const auto &[name, fields] : records)
+        if (std::strcmp(record, name) == 0) return fields;
     return "";
 }
 
-const char *kernel_slots(const std::string &kernel) {
-    for (int kind = kConvForward; kind <= kNormBackwardSummed; ++kind)
-        if (kernel == info(static_cast<Kind>(kind)).name) return info(static_cast<Kind>(kind)).slots;
-    if (kernel == "FakeQuant") return FAKE_QUANT_SLOTS(NAME_OF);
-    if (kernel == "FakeQuantGrad") return FAKE_QUANT_GRAD_SLOTS(NAME_OF);
-    if (kernel == "LearnedScaleQuant") return LSQ_SLOTS(NAME_OF);
-    if (kernel == "LearnedScaleQuantGrad") return LSQ_GRAD_SLOTS(NAME_OF);
-    return kernel == "Fork" ? FORK_SLOTS(NAME_OF) : "";
+const char *kernel_slots(const char *kernel) {
+    for (int kind = 0; kind < kKindCount; ++kind)
+        if (std::strcmp(kernel, info(static_cast<Kind>(kind)).name) == 0) return info(static_cast<Kind>(kind)).slots;
+    return "";
 }
 
 }  // namespace
@@ -38,14 +35,11 @@ const char *kernel_slots(const std::string &kernel) {
 using namespace resnet_conv;  // the exported functions call the library's internals by name
 
 #define EXPORT __attribute__((visibility("default")))
-// A Custom op's kernel, with the signature MindSpore calls: KERNEL runs a plan of the cache (run),
-// ENTRY one of the library's own functions.
-#define CUSTOM_OP(name, call)                                                                                  \
+// A Custom op's kernel, with the signature MindSpore calls.
+#define KERNEL(name, kind)                                                                                        \
     EXPORT int name(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) { \
-        return call;                                                                                           \
+        return call_kernel(kind, nparam, params, ndims, shapes, dtypes);                                          \
     }
-#define KERNEL(name, kind) CUSTOM_OP(name, run(kind, nparam, params, ndims, shapes, dtypes))
-#define ENTRY(name, function) CUSTOM_OP(name, function(nparam, params, ndims, shapes, dtypes))
 
 extern "C" {
 
@@ -62,14 +56,14 @@ KERNEL(Sum, kSum)
 KERNEL(NormForwardForked, kNormForwardForked)
 KERNEL(NormBackwardSummed, kNormBackwardSummed)
 
-ENTRY(Fork, fork_copies)
-ENTRY(AllFinite, all_finite)
-ENTRY(UnscaleAllFinite, unscale_all_finite)
-ENTRY(FakeQuant, fake_quant_forward)
-ENTRY(FakeQuantGrad, fake_quant_backward)
-ENTRY(LearnedScaleQuant, lsq_forward)
-ENTRY(LearnedScaleQuantGrad, lsq_backward)
-ENTRY(MomentumStep, momentum_step)
+KERNEL(Fork, kFork)
+KERNEL(AllFinite, kAllFinite)
+KERNEL(UnscaleAllFinite, kUnscaleAllFinite)
+KERNEL(FakeQuant, kFakeQuant)
+KERNEL(FakeQuantGrad, kFakeQuantGrad)
+KERNEL(LearnedScaleQuant, kLearnedScaleQuant)
+KERNEL(LearnedScaleQuantGrad, kLearnedScaleQuantGrad)
+KERNEL(MomentumStep, kMomentumStep)
 
 // For the Python side (ctypes, library.py).
 

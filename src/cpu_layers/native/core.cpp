@@ -193,37 +193,53 @@ void execute(Plan &plan, void **slots) {
 const KernelInfo &info(Kind kind) {
     static const KernelInfo table[] = {
         {"ConvForward", CONV_FORWARD_SLOTS(NAME_OF), conv_forward::count, conv_forward::params, sizeof(ConvParams),
-         "int32", -1, {conv_forward::x, conv_forward::w, conv_forward::y}, &kConvolutionFamily},
+         "int32", -1, slot_bits({conv_forward::x, conv_forward::w, conv_forward::y}), &kConvolutionFamily},
         {"ConvBackwardData", CONV_BACKWARD_DATA_SLOTS(NAME_OF), conv_backward_data::count, conv_backward_data::params,
          sizeof(ConvParams), "int32", -1,
-         {conv_backward_data::dy, conv_backward_data::w, conv_backward_data::x_shape, conv_backward_data::dx},
+         slot_bits({conv_backward_data::dy, conv_backward_data::w, conv_backward_data::x_shape,
+                    conv_backward_data::dx}),
          &kConvolutionFamily},
         {"ConvBackwardWeights", CONV_BACKWARD_WEIGHTS_SLOTS(NAME_OF), conv_backward_weights::count,
          conv_backward_weights::params, sizeof(ConvParams), "int32", -1,
-         {conv_backward_weights::x, conv_backward_weights::dy, conv_backward_weights::w_shape,
-          conv_backward_weights::dw}, &kConvolutionFamily},
+         slot_bits({conv_backward_weights::x, conv_backward_weights::dy, conv_backward_weights::w_shape,
+                    conv_backward_weights::dw}), &kConvolutionFamily},
         {"NormForward", NORM_FORWARD_SLOTS(NAME_OF), norm_forward::count, norm_forward::params, sizeof(NormParams),
-         "float32", norm_forward::workspace, {norm_forward::x, norm_forward::y}, &kNormalizationFamily},
+         "float32", norm_forward::workspace, slot_bits({norm_forward::x, norm_forward::y}), &kNormalizationFamily},
         {"NormBackward", NORM_BACKWARD_SLOTS(NAME_OF), norm_backward::count, norm_backward::params,
          sizeof(NormParams), "float32", norm_backward::workspace,
-         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx}, &kNormalizationFamily},
+         slot_bits({norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx}), &kNormalizationFamily},
         {"PoolForward", POOL_FORWARD_SLOTS(NAME_OF), pool_forward::count, pool_forward::params, sizeof(PoolParams),
-         "int32", -1, {pool_forward::x, pool_forward::y}, &kPoolingFamily},
+         "int32", -1, slot_bits({pool_forward::x, pool_forward::y}), &kPoolingFamily},
         {"PoolBackward", POOL_BACKWARD_SLOTS(NAME_OF), pool_backward::count, pool_backward::params,
-         sizeof(PoolParams), "int32", -1, {pool_backward::x, pool_backward::dy, pool_backward::dx}, &kPoolingFamily},
-        {"ToPlain", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1, {reorder_slots::x, reorder_slots::y},
-        &kElementwiseFamily},
+         sizeof(PoolParams), "int32", -1, slot_bits({pool_backward::x, pool_backward::dy, pool_backward::dx}),
+         &kPoolingFamily},
+        {"ToPlain", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1,
+         slot_bits({reorder_slots::x, reorder_slots::y}), &kElementwiseFamily},
         {"ToBlocked", REORDER_SLOTS(NAME_OF), reorder_slots::count, -1, 0, "", -1,
-         {reorder_slots::x, reorder_slots::y}, &kElementwiseFamily},
-        {"Sum", SUM_SLOTS(NAME_OF), sum_slots::count, -1, 0, "", -1, {}, &kElementwiseFamily},
+         slot_bits({reorder_slots::x, reorder_slots::y}), &kElementwiseFamily},
+        {"Sum", SUM_SLOTS(NAME_OF), sum_slots::count, -1, 0, "", -1, 0, &kElementwiseFamily},
         {"NormForwardForked", NORM_FORWARD_FORKED_SLOTS(NAME_OF), norm_forward_forked::count, norm_forward::params,
          sizeof(NormParams), "float32", norm_forward::workspace,
-         {norm_forward::x, norm_forward::y, norm_forward_forked::y_copy}, &kNormalizationFamily},
+         slot_bits({norm_forward::x, norm_forward::y, norm_forward_forked::y_copy}), &kNormalizationFamily},
         {"NormBackwardSummed", NORM_BACKWARD_SUMMED_SLOTS(NAME_OF), norm_backward_summed::count,
          norm_backward::params, sizeof(NormParams), "float32", norm_backward::workspace,
-         {norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx, norm_backward_summed::dy_copy},
-         &kNormalizationFamily},
+         slot_bits({norm_backward::x, norm_backward::dy, norm_backward::y, norm_backward::dx,
+                    norm_backward_summed::dy_copy}), &kNormalizationFamily},
+        // the library's own loops
+        {"Fork", FORK_SLOTS(NAME_OF), fork_slots::count, -1, 0, "", -1, 0, nullptr, fork_copies},
+        {"AllFinite", "", 1, -1, 0, "", -1, 0, nullptr, all_finite, 1, true},
+        {"UnscaleAllFinite", "", 2, -1, 0, "", -1, 0, nullptr, unscale_all_finite, 2, true},
+        {"FakeQuant", FAKE_QUANT_SLOTS(NAME_OF), fake_quant::count, fake_quant::params, sizeof(QuantParams), "float32",
+         -1, 0, nullptr, fake_quant_forward, 0, true},
+        {"FakeQuantGrad", FAKE_QUANT_GRAD_SLOTS(NAME_OF), fake_quant_grad::count, fake_quant_grad::params,
+         sizeof(QuantParams), "float32", -1, 0, nullptr, fake_quant_backward, 0, true},
+        {"LearnedScaleQuant", LSQ_SLOTS(NAME_OF), lsq::count, lsq::params, sizeof(LsqParams), "float32", -1, 0,
+         nullptr, lsq_forward, 0, true},
+        {"LearnedScaleQuantGrad", LSQ_GRAD_SLOTS(NAME_OF), lsq_grad::count, lsq_grad::params, sizeof(LsqParams),
+         "float32", -1, 0, nullptr, lsq_backward, 0, true},
+        {"MomentumStep", "", 5, -1, 0, "", -1, 0, nullptr, momentum_step, 3, true},
     };
+    static_assert(sizeof(table) / sizeof(table[0]) == kKindCount, "a line of the kernel table per Kind, in its order");
     return table[kind];
 }
 
@@ -247,39 +263,53 @@ std::string arguments_text(const char *slots, int nparam, int *ndims, int64_t **
     return text;
 }
 
-}  // namespace
-
-// Records the one-line message TakeError gives back: the kernel, its arguments, what went wrong.
-int fail(const char *name, const char *slots, int nparam, int *ndims, int64_t **shapes, const char **dtypes,
-         const std::string &problem) {
-    g_error = std::string(name) + "(" + arguments_text(slots, nparam, ndims, shapes, dtypes) + "): " + problem;
+// Records the one-line message TakeError gives back: the kernel, its arguments, what went wrong
+// (`prefix` and `problem`). It runs in call_kernel's catch handlers, at the edge of the C ABI, so it
+// throws nothing: a message it cannot build (no memory) is left empty.
+int fail(const KernelInfo &k, int nparam, int *ndims, int64_t **shapes, const char **dtypes, const char *prefix,
+         const char *problem) noexcept {
+    try {
+        g_error = std::string(k.name) + "(" + arguments_text(k.slots, nparam, ndims, shapes, dtypes) + "): " + prefix +
+                  problem;
+    } catch (...) {
+        g_error.clear();
+    }
     return 1;
 }
 
-namespace {
+// How many arguments a kernel takes, in words.
+std::string argument_count(const KernelInfo &k) {
+    if (!k.repeated) return std::to_string(k.count) + " arguments";
+    const std::string per_tensor = k.repeated > 1 ? std::to_string(k.repeated) : "";
+    return std::to_string(k.count) + " + " + per_tensor + "n arguments (n >= 1)";
+}
 
-// Why a kernel cannot take these arguments, or "" when it can.
-std::string arguments_problem(const KernelCall &call) {
-    const KernelInfo &k = info(call.kind);
+// Why a kernel cannot take these arguments by its line of the table, or "" when it can.
+std::string arguments_problem(const KernelInfo &k, const KernelCall &call) {
     const int nparam = call.nparam;
     int *ndims = call.ndims;
     int64_t **shapes = call.shapes;
     const char **dtypes = call.dtypes;
-    if (nparam != k.count)
-        return "takes " + std::to_string(k.count) + " arguments, was given " + std::to_string(nparam);
+    const bool counted = k.repeated ? nparam >= k.count + k.repeated && (nparam - k.count) % k.repeated == 0
+                                    : nparam == k.count;
+    if (!counted) return "takes " + argument_count(k) + ", was given " + std::to_string(nparam);
     for (int i = 0; i < nparam; ++i) {
         const std::string type = dtypes[i];
-        const char *wanted = i == k.params_slot ? k.params_dtype : i == k.workspace_slot ? "uint8" : nullptr;
+        const char *wanted = i == k.params_slot      ? k.params_dtype
+                             : i == k.workspace_slot ? "uint8"
+                             : k.float32_only        ? "float32"
+                                                     : nullptr;
         if (wanted ? type != wanted : type != "float32" && type != "bfloat16")
             return "argument " + std::to_string(i) + " is " + type + ", not " + (wanted ? wanted : "float32 or bfloat16");
     }
-    for (int i : k.four_d)
-        if (ndims[i] != 4) return "argument " + std::to_string(i) + " has " + std::to_string(ndims[i]) + " dimensions, not 4";
+    for (int i = 0; i < 32; ++i)  // a slot of four_d is below count, which nparam reached
+        if (k.four_d >> i & 1 && ndims[i] != 4)
+            return "argument " + std::to_string(i) + " has " + std::to_string(ndims[i]) + " dimensions, not 4";
     if (k.params_slot >= 0 &&
         (ndims[k.params_slot] != 1 || static_cast<size_t>(shapes[k.params_slot][0]) * 4 != k.params_size))
         return "the parameter record holds " + std::to_string(element_count(ndims[k.params_slot], shapes[k.params_slot])) +
                " values, not " + std::to_string(k.params_size / 4);
-    return k.family->record_problem ? k.family->record_problem(call) : "";
+    return k.family && k.family->record_problem ? k.family->record_problem(call) : "";
 }
 
 std::string key_of(Kind kind, int nparam, int *ndims, int64_t **shapes, const char **dtypes, const void *params,
@@ -315,6 +345,21 @@ int plan_threads(const Family &family, const KernelCall &call) {
     return small ? 1 : kernel_threads();
 }
 
+// A plan kernel whose arguments passed the checks: its plan, from the cache or made, run between the
+// family's own loops.
+void run_plan(State &s, const KernelInfo &k, const KernelCall &call) {
+    const Family &family = *k.family;
+    use_threads(plan_threads(family, call));
+    if (family.before) family.before(call);
+    const int64_t workspace_bytes =
+        k.workspace_slot >= 0 ? element_count(call.ndims[k.workspace_slot], call.shapes[k.workspace_slot]) : 0;
+    const std::string key = key_of(call.kind, call.nparam, call.ndims, call.shapes, call.dtypes, call.record,
+                                   k.params_size);
+    auto &plan = cached_plan(s, key, [&] { return family.make_plan(call, workspace_bytes); });
+    execute(plan, call.params);
+    s.stream.wait();
+    if (family.after) family.after(call);
+}
 
 // Each operand of every cached plan, and of the plans they run first and last.
 template <typename Visit>
@@ -331,31 +376,34 @@ void each_operand(State &s, Visit visit) {
 
 }  // namespace
 
-int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+// The one way in for every kernel MindSpore calls (c_abi.cpp): under the state's lock (one kernel at
+// a time, each already using every thread), the table's checks, then the kernel. Nothing is thrown
+// across the C ABI, where an exception ends the process without a word: whatever a kernel throws
+// (oneDNN's errors, a failed allocation, anything else) becomes the one line TakeError gives back,
+// and a non-zero return MindSpore reports.
+int call_kernel(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
     const KernelInfo &k = info(kind);
+    std::unique_lock<std::mutex> guard;  // declared outside the try: the handlers write the message under it
     try {
         auto &s = state();
-        std::lock_guard<std::mutex> guard(s.lock);
-        // the record is read only once the generic checks found it where and of the size it should be
+        guard = std::unique_lock<std::mutex>(s.lock);
+        // the record is read only once the table's checks found it where and of the size it should be
         const KernelCall call{kind, nparam, params, ndims, shapes, dtypes,
                               nparam == k.count && k.params_slot >= 0 ? params[k.params_slot] : ""};
-        const std::string problem = arguments_problem(call);
-        if (!problem.empty()) return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, problem);
-        const Family &family = *k.family;
-        use_threads(plan_threads(family, call));
-        if (family.before) family.before(call);
-        const int64_t workspace_bytes =
-            k.workspace_slot >= 0 ? element_count(ndims[k.workspace_slot], shapes[k.workspace_slot]) : 0;
-        auto &plan = cached_plan(s, key_of(kind, nparam, ndims, shapes, dtypes, call.record, k.params_size),
-                                 [&] { return family.make_plan(call, workspace_bytes); });
-        execute(plan, params);
-        s.stream.wait();
-        if (family.after) family.after(call);
-        return 0;
+        std::string problem = arguments_problem(k, call);
+        if (problem.empty() && k.family) {
+            run_plan(s, k, call);
+        } else if (problem.empty()) {
+            use_threads();
+            problem = k.own(call);
+        }
+        return problem.empty() ? 0 : fail(k, nparam, ndims, shapes, dtypes, "", problem.c_str());
     } catch (const dnnl::error &e) {
-        return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, std::string("oneDNN: ") + e.what());
+        return fail(k, nparam, ndims, shapes, dtypes, "oneDNN: ", e.what());
     } catch (const std::exception &e) {
-        return fail(k.name, k.slots, nparam, ndims, shapes, dtypes, e.what());
+        return fail(k, nparam, ndims, shapes, dtypes, "", e.what());
+    } catch (...) {
+        return fail(k, nparam, ndims, shapes, dtypes, "", "an exception of unknown type");
     }
 }
 

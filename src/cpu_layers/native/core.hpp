@@ -17,22 +17,25 @@
 // element-wise), so no reorder is needed; where a kernel meets another layout or type, it reorders
 // through a buffer of its plan. Each primitive is created once per shape, types, parameters and
 // thread count, and cached (the least recently used beyond a limit are freed); all share one
-// scratchpad. A kernel refuses arguments of another count, type or rank than its slots say, and
-// says why through TakeError in one line naming the kernel and its arguments' shapes.
+// scratchpad. Every kernel is entered one way (call_kernel): under the state's lock, its arguments'
+// count, types and ranks checked against its line of the kernel table, then the kernel; whatever it
+// refuses or throws becomes one line TakeError gives back, naming the kernel and its arguments'
+// shapes, and a non-zero return: nothing is thrown across the C ABI.
 //
 // The library links against oneDNN 3.2 under a renamed SONAME (libdnnl_resnet.so.3, see build.sh):
 // MindSpore's own libdnnl.so.3 is already in the process and would otherwise be bound instead.
 //
 // The library is one translation unit per family of kernels over this header, which holds what they
 // share: the parameter records and argument slots, the plans and the state, and the small helpers
-// their loops call. core.cpp runs the plans (the state, its buffers, operands and reorders, the plan
-// cache, the kernels' argument checks and error text); convolution.cpp the convolutions (and weight
-// gradients as one matrix product), dense.cpp small maps as dense layers, normalization.cpp batch
-// normalization and its own loops, pooling.cpp max pooling, elementwise.cpp reorders, sums, fork and
-// the finiteness checks, quantization.cpp fake quantization and LSQ, optimizer.cpp the momentum step,
-// probes.cpp the timings, and c_abi.cpp the exported functions. All of it is in namespace
-// resnet_conv, hidden from the library's users by -fvisibility=hidden (only c_abi.cpp's EXPORT
-// functions are visible); what one file alone uses is in its anonymous namespace.
+// their loops call. core.cpp holds the way into every kernel (the kernel table, its checks, the
+// error text) and runs the plans (the state, its buffers, operands and reorders, the plan cache);
+// convolution.cpp the convolutions (and weight gradients as one matrix product), dense.cpp small maps
+// as dense layers, normalization.cpp batch normalization and its own loops, pooling.cpp max pooling,
+// elementwise.cpp reorders, sums, fork and the finiteness checks, quantization.cpp fake quantization
+// and LSQ, optimizer.cpp the momentum step, probes.cpp the timings, and c_abi.cpp the exported
+// functions. All of it is in namespace resnet_conv, hidden from the library's users by
+// -fvisibility=hidden (only c_abi.cpp's EXPORT functions are visible); what one file alone uses is in
+// its anonymous namespace.
 #pragma once
 
 #include <omp.h>
@@ -43,6 +46,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -160,9 +164,13 @@ static_assert(int(norm_backward_summed::dy_copy) == int(norm_backward::residual)
                   int(norm_backward_summed::count) == int(norm_backward::count),
               "NormBackwardSummed's slots are NormBackward's, dy_copy in the residual's");
 
+// Every kernel MindSpore's Custom ops call: those that run a plan of the cache, then the library's
+// own loops (no oneDNN primitive). Each has its line in the kernel table (info, core.cpp).
 enum Kind {
     kConvForward, kConvBackwardData, kConvBackwardWeights, kNormForward, kNormBackward, kPoolForward,
-    kPoolBackward, kToPlain, kToBlocked, kSum, kNormForwardForked, kNormBackwardSummed
+    kPoolBackward, kToPlain, kToBlocked, kSum, kNormForwardForked, kNormBackwardSummed,
+    kFork, kAllFinite, kUnscaleAllFinite, kFakeQuant, kFakeQuantGrad, kLearnedScaleQuant, kLearnedScaleQuantGrad,
+    kMomentumStep, kKindCount
 };
 
 inline bool is_norm_forward(int kind) { return kind == kNormForward || kind == kNormForwardForked; }
@@ -319,14 +327,8 @@ inline dnnl::primitive_attr user_scratchpad() {
     return attr;
 }
 
-inline bool all_float32(int nparam, const char **dtypes) {
-    for (int i = 0; i < nparam; ++i)
-        if (std::strcmp(dtypes[i], "float32") != 0) return false;
-    return true;
-}
-
-// One call of a plan kernel (run): its kind, its arguments and its parameter record (`record`; ""
-// for kernels without one).
+// One call of a kernel (call_kernel): its kind, its arguments and its parameter record (`record`;
+// "" for kernels without one).
 struct KernelCall {
     Kind kind;
     int nparam;
@@ -337,7 +339,7 @@ struct KernelCall {
     const void *record;
 };
 
-// What a family of plan kernels gives run() (core.cpp); each family's file defines its own.
+// What a family of plan kernels gives call_kernel (core.cpp); each family's file defines its own.
 struct Family {
     std::string (*record_problem)(const KernelCall &);  // why the record is out of range, or ""; nullptr: no record
     std::unique_ptr<Plan> (*make_plan)(const KernelCall &, int64_t workspace_bytes);
@@ -347,10 +349,24 @@ struct Family {
 };
 extern const Family kConvolutionFamily, kNormalizationFamily, kPoolingFamily, kElementwiseFamily;
 
+// The slots `slots` as bits of a mask (bit i: slot i).
+constexpr uint32_t slot_bits(std::initializer_list<int> slots) {
+    uint32_t bits = 0;
+    for (int slot : slots) bits |= 1u << slot;
+    return bits;
+}
+
+// A kernel of the library's own loops: after the kernel table's checks, its own (why it refuses the
+// arguments, or "" once it has run).
+using OwnKernel = std::string (*)(const KernelCall &);
+
 // What each kernel takes, checked before anything is read: the slot count, where its parameter
 // record is (and of which type and size), which slot is the uint8 workspace, which hold [N, C, H, W]
-// tensors. Every other argument is float32 or bfloat16 (which combinations of those a primitive
-// takes is oneDNN's to say). `family` makes and runs its plans.
+// tensors (a bit per slot, slot_bits). Every other argument is float32 or bfloat16 (which
+// combinations of those a primitive takes is oneDNN's to say), or float32 alone. `family` makes and
+// runs its plans; a kernel without one runs `own`. A kernel of n tensors each way (the training
+// step's, over every parameter) takes count + repeated * n arguments, n >= 1; their slots are ""
+// (the message numbers them).
 struct KernelInfo {
     const char *name;
     const char *slots;  // the names, each followed by a comma
@@ -359,8 +375,11 @@ struct KernelInfo {
     size_t params_size;
     const char *params_dtype;
     int workspace_slot;  // -1: none
-    std::vector<int> four_d;
+    uint32_t four_d;
     const Family *family;
+    OwnKernel own = nullptr;
+    int repeated = 0;
+    bool float32_only = false;
 };
 
 // Defined in core.cpp: the state, its buffers and layouts, the operands and how a plan runs, the
@@ -373,9 +392,7 @@ Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, c
                 size_t zeroed_bytes = 0);
 void execute(Plan &plan, void **slots);
 const KernelInfo &info(Kind kind);
-int fail(const char *name, const char *slots, int nparam, int *ndims, int64_t **shapes, const char **dtypes,
-         const std::string &problem);
-int run(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
+int call_kernel(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
 void drop_kept_reorders(State &s);
 int64_t kept_reorder_bytes(State &s);  // the inference forwards' kept weight reorders
 
@@ -397,18 +414,18 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
                                  const memory::desc &y_user, int64_t matrix_elements);
 
 // elementwise.cpp
-int fork_copies(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
-int all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
-int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
+std::string fork_copies(const KernelCall &call);
+std::string all_finite(const KernelCall &call);
+std::string unscale_all_finite(const KernelCall &call);
 
 // quantization.cpp
-int fake_quant_forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
-int fake_quant_backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
-int lsq_forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
-int lsq_backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
+std::string fake_quant_forward(const KernelCall &call);
+std::string fake_quant_backward(const KernelCall &call);
+std::string lsq_forward(const KernelCall &call);
+std::string lsq_backward(const KernelCall &call);
 
 // optimizer.cpp
-int momentum_step(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
+std::string momentum_step(const KernelCall &call);
 
 // probes.cpp
 double probe_convolution(const memory::dims &x, int64_t out_channels, int64_t kernel, int64_t stride, dt type,

@@ -37,43 +37,42 @@ std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
 
 const Family kElementwiseFamily = {nullptr, make_plan, nullptr, nullptr, nullptr};
 
-// The kernels below do not use oneDNN but share its threads and the error message: they take the lock too.
+// The kernels below do not use oneDNN but share its threads, its lock and the error message
+// (call_kernel, after the kernel table's checks); each returns why it refused its arguments, or "".
 
 // Two copies of one float32 or bfloat16 tensor: a tensor two layers read, each from its own copy, so
 // that MindSpore need not sum the two gradients (its CPU sum of gradients, AddN, has no bfloat16
 // kernel); Sum is the backward.
-int fork_copies(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    std::lock_guard<std::mutex> guard(state().lock);
-    const char *slots = FORK_SLOTS(NAME_OF);
-    const std::string type = nparam == fork_slots::count ? dtypes[0] : "";
-    if (nparam != fork_slots::count || (type != "float32" && type != "bfloat16") || type != dtypes[1] ||
-        type != dtypes[2])
-        return fail("Fork", slots, nparam, ndims, shapes, dtypes,
-                    "takes one float32 or bfloat16 tensor and returns two of its type");
-    const int64_t bytes = element_count(ndims[0], shapes[0]) * element_size(dtypes[0]);
-    const char *x = static_cast<const char *>(params[fork_slots::x]);
-    char *a = static_cast<char *>(params[fork_slots::a]), *b = static_cast<char *>(params[fork_slots::b]);
+std::string fork_copies(const KernelCall &call) {
+    const char **dtypes = call.dtypes;
+    if (std::strcmp(dtypes[fork_slots::x], dtypes[fork_slots::a]) != 0 ||
+        std::strcmp(dtypes[fork_slots::x], dtypes[fork_slots::b]) != 0)
+        return "takes one float32 or bfloat16 tensor and returns two of its type";
+    const int64_t bytes = element_count(call.ndims[fork_slots::x], call.shapes[fork_slots::x]) *
+                          element_size(dtypes[fork_slots::x]);
+    const char *x = static_cast<const char *>(call.params[fork_slots::x]);
+    char *a = static_cast<char *>(call.params[fork_slots::a]), *b = static_cast<char *>(call.params[fork_slots::b]);
     constexpr int64_t chunk = 1 << 16;
     const int64_t chunks = (bytes + chunk - 1) / chunk;
-    use_threads();
 #pragma omp parallel for if (chunks > 4)
     for (int64_t c = 0; c < chunks; ++c) {
         const int64_t begin = c * chunk, size = std::min(chunk, bytes - begin);
         std::memcpy(a + begin, x + begin, size);
         std::memcpy(b + begin, x + begin, size);
     }
-    return 0;
+    return "";
 }
 
 // 1.0 when every element of every float32 input is finite, else 0.0 (the last argument, one float):
 // the training step's check of its gradients as one multi-threaded pass, where MindSpore's CPU
 // kernels take a reduction per tensor.
-int all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    std::lock_guard<std::mutex> guard(state().lock);
-    if (nparam < 2 || !all_float32(nparam, dtypes) || element_count(ndims[nparam - 1], shapes[nparam - 1]) != 1)
-        return fail("AllFinite", "", nparam, ndims, shapes, dtypes,
-                    "takes float32 tensors and returns one float32 value");
-    use_threads();
+std::string all_finite(const KernelCall &call) {
+    const int nparam = call.nparam;
+    int *ndims = call.ndims;
+    int64_t **shapes = call.shapes;
+    void **params = call.params;
+    if (element_count(ndims[nparam - 1], shapes[nparam - 1]) != 1)
+        return "takes float32 tensors and returns one float32 value";
     bool finite = true;
     for (int i = 0; i < nparam - 1 && finite; ++i) {
         const int64_t count = element_count(ndims[i], shapes[i]);
@@ -84,24 +83,23 @@ int all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const ch
         finite = !bad;
     }
     *static_cast<float *>(params[nparam - 1]) = finite ? 1.f : 0.f;
-    return 0;
+    return "";
 }
 
 // The loss scale divided out of every gradient and the finiteness check in one multi-threaded
 // pass: inputs the factor (float32 [1], 1 / scale) and n float32 gradients; outputs the n gradients
 // times the factor, then 1.0 when every product is finite, else 0.0. MindSpore's CPU Mul took
 // ~100 ms of a ResNet50 step for the 161 products alone (a scalar broadcast, one thread).
-int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    std::lock_guard<std::mutex> guard(state().lock);
-    const int n = (nparam - 2) / 2;
-    bool ok = nparam == 2 * n + 2 && n > 0 && all_float32(nparam, dtypes) && element_count(ndims[0], shapes[0]) == 1;
+std::string unscale_all_finite(const KernelCall &call) {
+    const int nparam = call.nparam, n = (nparam - 2) / 2;
+    int *ndims = call.ndims;
+    int64_t **shapes = call.shapes;
+    void **params = call.params;
+    bool ok = element_count(ndims[0], shapes[0]) == 1;
     for (int i = 0; ok && i < n; ++i)
         ok = element_count(ndims[1 + i], shapes[1 + i]) == element_count(ndims[1 + n + i], shapes[1 + n + i]);
-    if (!ok)
-        return fail("UnscaleAllFinite", "", nparam, ndims, shapes, dtypes,
-                    "takes a float32 factor and n float32 gradients, returns the n products and one value");
+    if (!ok) return "takes a float32 factor and n float32 gradients, returns the n products and one value";
     const float factor = *static_cast<const float *>(params[0]);
-    use_threads();
     int bad = 0;
     for (int i = 0; i < n; ++i) {
         const int64_t count = element_count(ndims[1 + i], shapes[1 + i]);
@@ -119,7 +117,7 @@ int unscale_all_finite(int nparam, void **params, int *ndims, int64_t **shapes, 
         bad |= tensor_bad;
     }
     *static_cast<float *>(params[nparam - 1]) = bad ? 0.f : 1.f;
-    return 0;
+    return "";
 }
 
 }  // namespace resnet_conv

@@ -83,11 +83,12 @@ bool own_loops_use_avx512() { return g_isa != dnnl::cpu_isa::avx2 && __builtin_c
 // its order (no fused multiply-add: the same bits): g = grad * factor; g = weight * decay + g where it
 // decays; moment = moment * momentum + g; weight = weight - lr * moment. The output: 1.0 when the step
 // was applied, 0.0 when a gradient was not finite and nothing moved.
-int momentum_step(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    std::lock_guard<std::mutex> guard(state().lock);
-    const int n = (nparam - 5) / 3;
-    bool ok = nparam == 3 * n + 5 && n > 0 && all_float32(nparam, dtypes) &&
-              element_count(ndims[3], shapes[3]) == n && element_count(ndims[nparam - 1], shapes[nparam - 1]) == 1;
+std::string momentum_step(const KernelCall &call) {
+    const int nparam = call.nparam, n = (nparam - 5) / 3;
+    int *ndims = call.ndims;
+    int64_t **shapes = call.shapes;
+    void **params = call.params;
+    bool ok = element_count(ndims[3], shapes[3]) == n && element_count(ndims[nparam - 1], shapes[nparam - 1]) == 1;
     for (int slot = 0; ok && slot < 3; ++slot) ok = element_count(ndims[slot], shapes[slot]) == 1;
     std::vector<int64_t> counts(ok ? n : 0);
     for (int i = 0; ok && i < n; ++i) {
@@ -96,9 +97,8 @@ int momentum_step(int nparam, void **params, int *ndims, int64_t **shapes, const
              counts[i] == element_count(ndims[4 + 2 * n + i], shapes[4 + 2 * n + i]);
     }
     if (!ok)
-        return fail("MomentumStep", "", nparam, ndims, shapes, dtypes,
-                    "takes float32 factor, lr, momentum, n decays, n gradients, n weights and n moments of their "
-                    "shapes, returns one value");
+        return "takes float32 factor, lr, momentum, n decays, n gradients, n weights and n moments of their shapes, "
+               "returns one value";
     const MomentumArgs args{n,
                             *static_cast<const float *>(params[0]),
                             *static_cast<const float *>(params[1]),
@@ -108,10 +108,9 @@ int momentum_step(int nparam, void **params, int *ndims, int64_t **shapes, const
                             params + 4,
                             params + 4 + n,
                             params + 4 + 2 * n};
-    use_threads();
     const bool applied = own_loops_use_avx512() ? momentum_passes_avx512(args) : momentum_passes(args);
     *static_cast<float *>(params[nparam - 1]) = applied ? 1.f : 0.f;
-    return 0;
+    return "";
 }
 
 }  // namespace resnet_conv

@@ -83,56 +83,48 @@ void fake_quant_grad_run(const float *__restrict x, const float *__restrict dy, 
     for (int64_t j = 0; j < n; ++j) dx[j] = dy[j] * one_if((x[j] >= r.low) & (x[j] <= r.high));
 }
 
-// The checks and the loop both directions share: `each(range, begin, end)` for each run of x's
-// elements [begin, end) that share a range.
+// The checks and the loop both directions share (after the kernel table's): `each(range, begin,
+// end)` for each run of x's elements [begin, end) that share a range; why the arguments were
+// refused, or "".
 template <typename Each>
-int each_quantized(const char *name, const char *slots, int nparam, void **params, int *ndims, int64_t **shapes,
-                   const char **dtypes, int params_slot, Each each) {
+std::string each_quantized(const KernelCall &call, int params_slot, Each each) {
+    int *ndims = call.ndims;
+    int64_t **shapes = call.shapes;
     const int64_t count = element_count(ndims[0], shapes[0]);
     const int64_t ranges = element_count(ndims[1], shapes[1]);
-    bool ok = all_float32(nparam, dtypes) && ranges == element_count(ndims[2], shapes[2]) && ranges > 0 &&
-              element_count(ndims[params_slot], shapes[params_slot]) == sizeof(QuantParams) / sizeof(float);
-    for (int i = params_slot + 1; ok && i < nparam; ++i) ok = element_count(ndims[i], shapes[i]) == count;
-    const QuantParams p = ok ? *static_cast<const QuantParams *>(params[params_slot]) : QuantParams{};
+    bool ok = ranges == element_count(ndims[2], shapes[2]) && ranges > 0;
+    for (int i = params_slot + 1; ok && i < call.nparam; ++i) ok = element_count(ndims[i], shapes[i]) == count;
+    const QuantParams p = *static_cast<const QuantParams *>(call.record);
     const int axis = static_cast<int>(p.channel_axis);
     ok = ok && (axis < 0 ? ranges == 1 : axis < ndims[0] && shapes[0][axis] == ranges);
     if (!ok)
-        return fail(name, slots, nparam, ndims, shapes, dtypes,
-                    "takes float32 tensors: x, low and high (one value, or one per channel of channel_axis), "
-                    "the QuantParams and x's shape for the rest");
-    const float *low = static_cast<const float *>(params[1]), *high = static_cast<const float *>(params[2]);
+        return "takes float32 tensors: x, low and high (one value, or one per channel of channel_axis), the "
+               "QuantParams and x's shape for the rest";
+    const float *low = static_cast<const float *>(call.params[1]), *high = static_cast<const float *>(call.params[2]);
     const int64_t inner = axis < 0 ? count : element_count(ndims[0] - axis - 1, shapes[0] + axis + 1);
     std::vector<QuantRange> nudged(ranges);
     for (int64_t c = 0; c < ranges; ++c) nudged[c] = nudged_range(low[c], high[c], p);
-    use_threads();
     for_each_run(count, ranges, inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
         each(nudged[c], begin, end);
     });
-    return 0;
+    return "";
 }
 
 }  // namespace
 
-int fake_quant_forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    if (nparam != fake_quant::count)
-        return fail("FakeQuant", FAKE_QUANT_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, "takes 5 arguments");
-    const float *x = static_cast<const float *>(params[fake_quant::x]);
-    float *y = static_cast<float *>(params[fake_quant::y]);
-    return each_quantized("FakeQuant", FAKE_QUANT_SLOTS(NAME_OF), nparam, params, ndims, shapes, dtypes,
-                          fake_quant::params, [&](const QuantRange &r, int64_t begin, int64_t end) {
+std::string fake_quant_forward(const KernelCall &call) {
+    const float *x = static_cast<const float *>(call.params[fake_quant::x]);
+    float *y = static_cast<float *>(call.params[fake_quant::y]);
+    return each_quantized(call, fake_quant::params, [&](const QuantRange &r, int64_t begin, int64_t end) {
         fake_quant_run(x + begin, y + begin, end - begin, r);
     });
 }
 
-int fake_quant_backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    if (nparam != fake_quant_grad::count)
-        return fail("FakeQuantGrad", FAKE_QUANT_GRAD_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes,
-                    "takes 6 arguments");
-    const float *x = static_cast<const float *>(params[fake_quant_grad::x]);
-    const float *dy = static_cast<const float *>(params[fake_quant_grad::dy]);
-    float *dx = static_cast<float *>(params[fake_quant_grad::dx]);
-    return each_quantized("FakeQuantGrad", FAKE_QUANT_GRAD_SLOTS(NAME_OF), nparam, params, ndims, shapes, dtypes,
-                          fake_quant_grad::params, [&](const QuantRange &r, int64_t begin, int64_t end) {
+std::string fake_quant_backward(const KernelCall &call) {
+    const float *x = static_cast<const float *>(call.params[fake_quant_grad::x]);
+    const float *dy = static_cast<const float *>(call.params[fake_quant_grad::dy]);
+    float *dx = static_cast<float *>(call.params[fake_quant_grad::dx]);
+    return each_quantized(call, fake_quant_grad::params, [&](const QuantRange &r, int64_t begin, int64_t end) {
         fake_quant_grad_run(x + begin, dy + begin, dx + begin, end - begin, r);
     });
 }
@@ -180,68 +172,62 @@ struct LsqCall {
     float quant_max;
 };
 
+// The checks both directions share (after the kernel table's): true with `out` filled.
+bool lsq_call(bool backward, const KernelCall &call, LsqCall *out) {
+    const int params_slot = backward ? int(lsq_grad::params) : int(lsq::params), nparam = call.nparam;
+    int *ndims = call.ndims;
+    int64_t **shapes = call.shapes;
+    out->count = element_count(ndims[0], shapes[0]);
+    out->alphas = element_count(ndims[1], shapes[1]);
+    bool ok = element_count(ndims[2], shapes[2]) == 1 && out->alphas > 0;
+    for (int i = params_slot + 1; ok && i < nparam; ++i)
+        ok = element_count(ndims[i], shapes[i]) == (backward && i == nparam - 1 ? out->alphas : out->count);
+    if (!ok) return false;
+    out->p = *static_cast<const LsqParams *>(call.record);
+    out->quant_max = *static_cast<const float *>(call.params[2]);
+    const int axis = static_cast<int>(out->p.channel_axis);
+    if (axis < 0 ? out->alphas != 1 : axis >= ndims[0] || shapes[0][axis] != out->alphas) return false;
+    out->inner = axis < 0 ? out->count : element_count(ndims[0] - axis - 1, shapes[0] + axis + 1);
+    return true;
+}
+
 const char kLsqProblem[] =
     "takes float32 tensors: x, alpha (one value, or one per channel of channel_axis), quant_max (one value), the "
     "LsqParams and x's shape for the rest (alpha's for dalpha)";
 
-// The checks both directions share: 0 with `call` filled, else fail's code.
-int lsq_call(bool backward, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-             LsqCall *call) {
-    const int params_slot = backward ? int(lsq_grad::params) : int(lsq::params);
-    bool ok = nparam == (backward ? int(lsq_grad::count) : int(lsq::count));
-    if (ok) {
-        call->count = element_count(ndims[0], shapes[0]);
-        call->alphas = element_count(ndims[1], shapes[1]);
-        ok = all_float32(nparam, dtypes) && element_count(ndims[2], shapes[2]) == 1 && call->alphas > 0 &&
-             element_count(ndims[params_slot], shapes[params_slot]) == sizeof(LsqParams) / sizeof(float);
-    }
-    for (int i = params_slot + 1; ok && i < nparam; ++i)
-        ok = element_count(ndims[i], shapes[i]) == (backward && i == nparam - 1 ? call->alphas : call->count);
-    if (ok) {
-        call->p = *static_cast<const LsqParams *>(params[params_slot]);
-        call->quant_max = *static_cast<const float *>(params[2]);
-        const int axis = static_cast<int>(call->p.channel_axis);
-        ok = axis < 0 ? call->alphas == 1 : axis < ndims[0] && shapes[0][axis] == call->alphas;
-        call->inner = !ok || axis < 0 ? call->count : element_count(ndims[0] - axis - 1, shapes[0] + axis + 1);
-    }
-    if (ok) return 0;
-    return backward ? fail("LearnedScaleQuantGrad", LSQ_GRAD_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem)
-                    : fail("LearnedScaleQuant", LSQ_SLOTS(NAME_OF), nparam, ndims, shapes, dtypes, kLsqProblem);
-}
-
 }  // namespace
 
-int lsq_forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    LsqCall call;
-    if (int code = lsq_call(false, nparam, params, ndims, shapes, dtypes, &call)) return code;
+std::string lsq_forward(const KernelCall &call) {
+    LsqCall checked;
+    if (!lsq_call(false, call, &checked)) return kLsqProblem;
+    void **params = call.params;
     const float *x = static_cast<const float *>(params[lsq::x]), *alpha = static_cast<const float *>(params[lsq::alpha]);
     float *y = static_cast<float *>(params[lsq::y]);
-    use_threads();
-    for_each_run(call.count, call.alphas, call.inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
-        lsq_run(x + begin, y + begin, end - begin, alpha[c], call.quant_max, call.p.lower);
+    for_each_run(checked.count, checked.alphas, checked.inner, [&](int64_t, int64_t c, int64_t begin, int64_t end) {
+        lsq_run(x + begin, y + begin, end - begin, alpha[c], checked.quant_max, checked.p.lower);
     });
-    return 0;
+    return "";
 }
 
-int lsq_backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-    LsqCall call;
-    if (int code = lsq_call(true, nparam, params, ndims, shapes, dtypes, &call)) return code;
+std::string lsq_backward(const KernelCall &call) {
+    LsqCall checked;
+    if (!lsq_call(true, call, &checked)) return kLsqProblem;
+    void **params = call.params;
     const float *x = static_cast<const float *>(params[lsq_grad::x]);
     const float *alpha = static_cast<const float *>(params[lsq_grad::alpha]);
     const float *dy = static_cast<const float *>(params[lsq_grad::dy]);
     float *dx = static_cast<float *>(params[lsq_grad::dx]), *dalpha = static_cast<float *>(params[lsq_grad::dalpha]);
-    const int64_t alphas = call.alphas, per_segment = runs_per_segment(call.inner);
-    const int64_t units = run_units(call.count, call.inner);
+    const int64_t alphas = checked.alphas, per_segment = runs_per_segment(checked.inner);
+    const int64_t units = run_units(checked.count, checked.inner);
     std::vector<double> partial(static_cast<size_t>(units), 0.0);  // one sum per run, added in order below
-    use_threads();
-    for_each_run(call.count, alphas, call.inner, [&](int64_t unit, int64_t c, int64_t begin, int64_t end) {
+    for_each_run(checked.count, alphas, checked.inner, [&](int64_t unit, int64_t c, int64_t begin, int64_t end) {
         partial[unit] =
-            lsq_grad_run(x + begin, dy + begin, dx + begin, end - begin, alpha[c], call.quant_max, call.p.lower);
+            lsq_grad_run(x + begin, dy + begin, dx + begin, end - begin, alpha[c], checked.quant_max, checked.p.lower);
     });
     std::vector<double> sums(static_cast<size_t>(alphas), 0.0);
     for (int64_t unit = 0; unit < units; ++unit) sums[unit / per_segment % alphas] += partial[unit];
     for (int64_t c = 0; c < alphas; ++c) dalpha[c] = static_cast<float>(sums[c]);
-    return 0;
+    return "";
 }
 
 }  // namespace resnet_conv
