@@ -152,95 +152,132 @@ std::unique_ptr<Plan> weight_gradient_product(const memory::dims &x_dims, const 
     return plan;
 }
 
+// The convolution the primitives run: the one asked for, or where the image lies inside the kernel
+// (image_inside_kernel) an unpadded one of the image's size over the taps that meet it.
+struct ConvGeometry {
+    bool inside;
+    memory::dims strides, dilation, pad_l, pad_r;
+    memory::dims w_conv;  // the weights the primitive convolves with
+};
+
+ConvGeometry conv_geometry(const memory::dims &x, const memory::dims &w, const memory::dims &y, const ConvParams &p) {
+    ConvGeometry g{image_inside_kernel(x, w, y, p), {p.stride_h, p.stride_w}, {p.dilation_h - 1, p.dilation_w - 1},
+                   {p.pad_top, p.pad_left}, {p.pad_bottom, p.pad_right}, w};
+    if (g.inside) {
+        g.strides = {1, 1}, g.pad_l = {0, 0}, g.pad_r = {0, 0};
+        g.w_conv = {w[0], w[1], x[2], x[3]};
+    }
+    return g;
+}
+
+// What a plan of oneDNN's convolution primitives is made of: the tensors as MindSpore holds them
+// (`*_user`) and as the primitives may choose them (`*_any`), and the forward's description, which
+// the backwards are made from.
+struct ConvDescs {
+    memory::desc x_any, y_any, w_any, x_user, y_user, w_user;
+    memory::desc taps;  // image_inside_kernel's taps, as the forward hands them to the image gradient's backward
+    bool taps_handed;
+    dnnl::primitive_attr attr;
+    dnnl::convolution_forward::primitive_desc forward;
+
+    // The weights: the taps' copy where the forward hands it, else the OIHW buffer.
+    Operand weights(int w_slot, int matrix_slot, const memory::desc &wanted) const {
+        return taps_handed ? operand(DNNL_ARG_WEIGHTS, matrix_slot, false, taps, wanted)
+                           : operand(DNNL_ARG_WEIGHTS, w_slot, false, w_user, wanted);
+    }
+};
+
+ConvDescs conv_descs(Kind kind, const memory::dims &x_dims, const memory::dims &w_dims, const memory::dims &y_dims,
+                     const ConvParams &p, const ConvGeometry &g, const memory::desc &x_user,
+                     const memory::desc &y_user, int64_t matrix_elements) {
+    const dt compute = p.bf16 ? dt::bf16 : dt::f32;
+    auto w_user = weights_desc(w_dims, p.groups, dt::f32, tag::oihw);
+    if (g.inside) w_user = w_user.submemory_desc(g.w_conv, {0, 0, p.pad_top, p.pad_left});  // those taps of OIHW
+    // Those taps are strided through the whole OIHW buffer (a ninth of it at 1x1 images), which the
+    // forward's and the image gradient's weight reorders each read. A training forward copies them out
+    // once, into its `matrix` output, and the image gradient's backward, handed that copy (convolution.py's
+    // bprop), reorders from it.
+    const bool taps_handed = g.inside && !p.inference && kind != kConvBackwardWeights &&
+                             matrix_elements == element_count(4, g.w_conv.data());
+    ConvDescs c{memory::desc(x_dims, compute, tag::any), memory::desc(y_dims, compute, tag::any),
+                weights_desc(g.w_conv, p.groups, compute, tag::any), x_user, y_user, w_user,
+                weights_desc(g.w_conv, p.groups, dt::f32, tag::oihw), taps_handed, user_scratchpad(), {}};
+    // forward_training for evaluation too: for inference oneDNN chose kernels that want NHWC here (two
+    // more reorders per layer; a ResNet18 32 px evaluation at batch 64 took longer)
+    c.forward = dnnl::convolution_forward::primitive_desc(
+        state().engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, c.x_any, c.w_any,
+        c.y_any, g.strides, g.dilation, g.pad_l, g.pad_r, c.attr);
+    return c;
+}
+
+std::unique_ptr<Plan> forward_plan(const ConvDescs &c, const ConvParams &p) {
+    auto &engine = state().engine;
+    auto plan = std::make_unique<Plan>();
+    plan->primitive = dnnl::convolution_forward(c.forward);
+    using namespace conv_forward;
+    plan->operands = {operand(DNNL_ARG_SRC, x, false, c.x_user, c.forward.src_desc()),
+                      c.weights(w, matrix, c.forward.weights_desc()),
+                      operand(DNNL_ARG_DST, y, true, c.y_user, c.forward.dst_desc())};
+    if (c.taps_handed) {
+        plan->prelude = std::make_unique<Plan>();
+        plan->prelude->primitive = dnnl::reorder(memory(c.w_user, engine), memory(c.taps, engine));
+        plan->prelude->operands = {operand(DNNL_ARG_FROM, w, false, c.w_user, c.w_user),
+                                   operand(DNNL_ARG_TO, matrix, true, c.taps, c.taps)};
+    }
+    plan->operands[1].keeps_reorders = p.inference && plan->operands[1].reorders;
+    own_scratchpad(*plan, c.forward);
+    return plan;
+}
+
+std::unique_ptr<Plan> backward_data_plan(const ConvDescs &c, const ConvGeometry &g) {
+    auto backward = dnnl::convolution_backward_data::primitive_desc(
+        state().engine, dnnl::algorithm::convolution_direct, c.x_any, c.w_any, c.y_any, g.strides, g.dilation, g.pad_l,
+        g.pad_r, c.forward, c.attr);
+    auto plan = std::make_unique<Plan>();
+    plan->primitive = dnnl::convolution_backward_data(backward);
+    using namespace conv_backward_data;
+    plan->operands = {operand(DNNL_ARG_DIFF_DST, dy, false, c.y_user, backward.diff_dst_desc()),
+                      c.weights(w, matrix, backward.weights_desc()),
+                      operand(DNNL_ARG_DIFF_SRC, dx, true, c.x_user, backward.diff_src_desc())};
+    own_scratchpad(*plan, backward);
+    return plan;
+}
+
+// `w_dims`: the whole kernel, whose other taps get zeros where the primitive convolves some.
+std::unique_ptr<Plan> backward_weights_plan(const ConvDescs &c, const ConvGeometry &g, const memory::dims &w_dims,
+                                            int groups) {
+    // bf16 weight gradients are accumulated in f32 (the master weights' type).
+    auto dw_any = weights_desc(g.w_conv, groups, dt::f32, tag::any);
+    auto backward = dnnl::convolution_backward_weights::primitive_desc(
+        state().engine, dnnl::algorithm::convolution_direct, c.x_any, dw_any, c.y_any, g.strides, g.dilation, g.pad_l,
+        g.pad_r, c.forward, c.attr);
+    auto plan = std::make_unique<Plan>();
+    plan->primitive = dnnl::convolution_backward_weights(backward);
+    using namespace conv_backward_weights;
+    const size_t zeroed = g.inside ? element_count(4, w_dims.data()) * sizeof(float) : 0;
+    plan->operands = {operand(DNNL_ARG_SRC, x, false, c.x_user, backward.src_desc()),
+                      operand(DNNL_ARG_DIFF_DST, dy, false, c.y_user, backward.diff_dst_desc()),
+                      operand(DNNL_ARG_DIFF_WEIGHTS, dw, true, c.w_user, backward.diff_weights_desc(), zeroed)};
+    own_scratchpad(*plan, backward);
+    return plan;
+}
+
 }  // namespace
 
 std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const memory::dims &w_dims,
                                 const memory::dims &y_dims, const ConvParams &p, dt x_type, dt y_type,
                                 int64_t matrix_elements) {
-    auto &engine = state().engine;
-    const bool inside = image_inside_kernel(x_dims, w_dims, y_dims, p);
-    memory::dims strides{p.stride_h, p.stride_w};
-    memory::dims dilation{p.dilation_h - 1, p.dilation_w - 1};
-    memory::dims pad_l{p.pad_top, p.pad_left};
-    memory::dims pad_r{p.pad_bottom, p.pad_right};
-    memory::dims w_conv = w_dims;  // the weights the primitive convolves with
-    if (inside) {
-        strides = {1, 1}, pad_l = {0, 0}, pad_r = {0, 0};
-        w_conv = {w_dims[0], w_dims[1], x_dims[2], x_dims[3]};
-    }
-    const dt compute = p.bf16 ? dt::bf16 : dt::f32;
+    const ConvGeometry g = conv_geometry(x_dims, w_dims, y_dims, p);
+    const auto x_user = activation(x_dims, x_type, p.layout & 1), y_user = activation(y_dims, y_type, p.layout & 2);
     if (as_dense_layer(x_dims, w_dims, y_dims, p, x_type, y_type))
-        return dense_plan(kind, x_dims, w_dims, y_dims, p, activation(x_dims, x_type, p.layout & 1),
-                          activation(y_dims, y_type, p.layout & 2), matrix_elements);
+        return dense_plan(kind, x_dims, w_dims, y_dims, p, x_user, y_user, matrix_elements);
     if (kind == kConvBackwardWeights && weight_gradient_as_product(y_dims, p, x_type, y_type))
-        return weight_gradient_product(x_dims, w_dims, w_conv, y_dims, strides, dilation, pad_l,
-                                       {p.pad_top, p.pad_left}, activation(x_dims, x_type, p.layout & 1),
-                                       activation(y_dims, y_type, p.layout & 2), inside);
-    auto x_any = memory::desc(x_dims, compute, tag::any);
-    auto y_any = memory::desc(y_dims, compute, tag::any);
-    auto w_any = weights_desc(w_conv, p.groups, compute, tag::any);
-    auto x_user = activation(x_dims, x_type, p.layout & 1);
-    auto y_user = activation(y_dims, y_type, p.layout & 2);
-    auto w_user = weights_desc(w_dims, p.groups, dt::f32, tag::oihw);
-    if (inside) w_user = w_user.submemory_desc(w_conv, {0, 0, p.pad_top, p.pad_left});  // those taps of the OIHW buffer
-    // Those taps are strided through the whole OIHW buffer (a ninth of it at 1x1 images), which the
-    // forward's and the image gradient's weight reorders each read. A training forward copies them out
-    // once, into its `matrix` output, and the image gradient's backward, handed that copy (convolution.py's
-    // bprop), reorders from it.
-    const auto taps = weights_desc(w_conv, p.groups, dt::f32, tag::oihw);
-    const bool taps_handed = inside && !p.inference && kind != kConvBackwardWeights &&
-                             matrix_elements == element_count(4, w_conv.data());
-    auto attr = user_scratchpad();
-    // forward_training for evaluation too: for inference oneDNN chose kernels that want NHWC here (two
-    // more reorders per layer; a ResNet18 32 px evaluation at batch 64 took longer)
-    auto forward = dnnl::convolution_forward::primitive_desc(
-        engine, dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_any, w_any, y_any,
-        strides, dilation, pad_l, pad_r, attr);
-    // The weights: the taps' copy where the forward hands it, else the OIHW buffer.
-    auto weights = [&](int w_slot, int matrix_slot, const memory::desc &wanted) {
-        return taps_handed ? operand(DNNL_ARG_WEIGHTS, matrix_slot, false, taps, wanted)
-                           : operand(DNNL_ARG_WEIGHTS, w_slot, false, w_user, wanted);
-    };
-    auto plan = std::make_unique<Plan>();
-    if (kind == kConvForward) {
-        plan->primitive = dnnl::convolution_forward(forward);
-        using namespace conv_forward;
-        plan->operands = {operand(DNNL_ARG_SRC, x, false, x_user, forward.src_desc()),
-                          weights(w, matrix, forward.weights_desc()),
-                          operand(DNNL_ARG_DST, y, true, y_user, forward.dst_desc())};
-        if (taps_handed) {
-            plan->prelude = std::make_unique<Plan>();
-            plan->prelude->primitive = dnnl::reorder(memory(w_user, engine), memory(taps, engine));
-            plan->prelude->operands = {operand(DNNL_ARG_FROM, w, false, w_user, w_user),
-                                       operand(DNNL_ARG_TO, matrix, true, taps, taps)};
-        }
-        plan->operands[1].keeps_reorders = p.inference && plan->operands[1].reorders;
-        own_scratchpad(*plan, forward);
-    } else if (kind == kConvBackwardData) {
-        auto backward = dnnl::convolution_backward_data::primitive_desc(
-            engine, dnnl::algorithm::convolution_direct, x_any, w_any, y_any, strides, dilation, pad_l, pad_r,
-            forward, attr);
-        plan->primitive = dnnl::convolution_backward_data(backward);
-        using namespace conv_backward_data;
-        plan->operands = {operand(DNNL_ARG_DIFF_DST, dy, false, y_user, backward.diff_dst_desc()),
-                          weights(w, matrix, backward.weights_desc()),
-                          operand(DNNL_ARG_DIFF_SRC, dx, true, x_user, backward.diff_src_desc())};
-        own_scratchpad(*plan, backward);
-    } else {
-        // bf16 weight gradients are accumulated in f32 (the master weights' type).
-        auto dw_any = weights_desc(w_conv, p.groups, dt::f32, tag::any);
-        auto backward = dnnl::convolution_backward_weights::primitive_desc(
-            engine, dnnl::algorithm::convolution_direct, x_any, dw_any, y_any, strides, dilation, pad_l, pad_r,
-            forward, attr);
-        plan->primitive = dnnl::convolution_backward_weights(backward);
-        using namespace conv_backward_weights;
-        const size_t zeroed = inside ? element_count(4, w_dims.data()) * sizeof(float) : 0;
-        plan->operands = {operand(DNNL_ARG_SRC, x, false, x_user, backward.src_desc()),
-                          operand(DNNL_ARG_DIFF_DST, dy, false, y_user, backward.diff_dst_desc()),
-                          operand(DNNL_ARG_DIFF_WEIGHTS, dw, true, w_user, backward.diff_weights_desc(), zeroed)};
-        own_scratchpad(*plan, backward);
-    }
-    return plan;
+        return weight_gradient_product(x_dims, w_dims, g.w_conv, y_dims, g.strides, g.dilation, g.pad_l,
+                                       {p.pad_top, p.pad_left}, x_user, y_user, g.inside);
+    const ConvDescs c = conv_descs(kind, x_dims, w_dims, y_dims, p, g, x_user, y_user, matrix_elements);
+    if (kind == kConvForward) return forward_plan(c, p);
+    if (kind == kConvBackwardData) return backward_data_plan(c, g);
+    return backward_weights_plan(c, g, w_dims, p.groups);
 }
 
 // How many floats the training forward of a convolution (x, w -> y shapes) writes into its `matrix`

@@ -156,6 +156,89 @@ void gather_taps(const DenseLayer &d, const float *dense, float *dw) {
     }
 }
 
+// Each operand's matrix and its place in the product (source x weights = destination): the images'
+// inputs x, their outputs y and the dense layer.
+struct DenseSide {
+    memory::desc desc;
+    int arg, slot;
+};
+
+struct DenseSides {
+    DenseSide x, y, layer;
+    const memory::desc &of(int arg) const { return (x.arg == arg ? x : y.arg == arg ? y : layer).desc; }
+};
+
+// The product of a kind of convolution (see dense_plan).
+DenseSides dense_sides(Kind kind, int64_t images, int64_t rows, int64_t columns) {
+    auto matrix = [](int64_t r, int64_t c) { return memory::desc({r, c}, dt::f32, tag::ab); };
+    auto transposed = [](int64_t r, int64_t c) { return memory::desc({r, c}, dt::f32, memory::dims{1, r}); };
+    if (kind == kConvForward)
+        return {{matrix(images, columns), DNNL_ARG_SRC, conv_forward::x},
+                {matrix(images, rows), DNNL_ARG_DST, conv_forward::y},
+                {transposed(columns, rows), DNNL_ARG_WEIGHTS, conv_forward::w}};
+    if (kind == kConvBackwardData)
+        return {{matrix(images, columns), DNNL_ARG_DST, conv_backward_data::dx},
+                {matrix(images, rows), DNNL_ARG_SRC, conv_backward_data::dy},
+                {matrix(rows, columns), DNNL_ARG_WEIGHTS, conv_backward_data::w}};
+    return {{matrix(images, columns), DNNL_ARG_WEIGHTS, conv_backward_weights::x},
+            {transposed(rows, images), DNNL_ARG_SRC, conv_backward_weights::dy},
+            {matrix(rows, columns), DNNL_ARG_DST, conv_backward_weights::dw}};
+}
+
+// A dense plan's steps (Plan::steps): the matrix found, or built from the weights, the product, and
+// for the weight gradient the matrix's gradient summed onto the taps.
+struct DenseSteps {
+    DenseLayer d;
+    DenseSides sides;
+    Plan *plan;       // the primitive, its scratchpad, and where `keeps`, the operand whose `kept` holds the matrices
+    bool gradient;    // the weight gradient's: the product writes the matrix
+    bool itself;      // matrix_is_weights
+    bool keeps;       // an evaluation's forward, which keeps its matrix per weights tensor while they are frozen
+    bool in_slot;     // the matrix is in the `matrix_slot` argument, not the shared buffer
+    bool given;       // built there by the training forward
+    int matrix_slot;
+
+    float *matrix(void **slots) const {
+        auto &s = state();
+        const int weights = sides.layer.slot;
+        if (itself) return static_cast<float *>(slots[weights]);
+        if (keeps && g_frozen_version != 0) {
+            auto &kept = plan->operands.front().kept;
+            auto found = kept.find(slots[weights]);
+            if (found == kept.end()) {
+                auto matrix = std::make_pair(memory(sides.layer.desc, s.engine), uint64_t{0});
+                found = kept.emplace(slots[weights], std::move(matrix)).first;
+            }
+            auto &[matrix, version] = found->second;
+            float *dense = static_cast<float *>(matrix.get_data_handle());
+            if (version != g_frozen_version) {
+                spread_weights(d, static_cast<const float *>(slots[weights]), dense);
+                version = g_frozen_version;
+            }
+            return dense;
+        }
+        const size_t bytes = d.rows() * d.columns() * sizeof(float);
+        float *dense = static_cast<float *>(in_slot ? slots[matrix_slot] : grown(s.dense, s.dense_bytes, bytes));
+        if (!gradient && !given) spread_weights(d, static_cast<const float *>(slots[weights]), dense);
+        return dense;
+    }
+
+    void operator()(void **slots) const {
+        auto &s = state();
+        float *dense = matrix(slots);
+        std::unordered_map<int, memory> args{{sides.x.arg, memory(sides.x.desc, s.engine, slots[sides.x.slot])},
+                                             {sides.y.arg, memory(sides.y.desc, s.engine, slots[sides.y.slot])},
+                                             {sides.layer.arg, memory(sides.layer.desc, s.engine, dense)}};
+        if (const size_t bytes = plan->scratchpad.get_size())
+            args[DNNL_ARG_SCRATCHPAD] = memory(plan->scratchpad, s.engine, scratchpad_of(s, bytes));
+        plan->primitive.execute(s.stream, args);
+        if (gradient && !itself) {
+            s.stream.wait();
+            gather_taps(d, dense, static_cast<float *>(slots[sides.layer.slot]));
+        }
+    }
+};
+
 }  // namespace
 
 // The batch's images as rows: X[N, I*H*W] and Y[N, O*OH*OW] over MindSpore's buffers as they are, and D
@@ -166,30 +249,9 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
                                  const memory::desc &y_user, int64_t matrix_elements) {
     auto block = [](const memory::desc &d) { return d.get_inner_nblks() ? d.get_inner_blks()[0] : int64_t{1}; };
     const DenseLayer d = dense_layer_of(x_dims, w_dims, y_dims, p, block(x_user), block(y_user));
-    const int64_t images = x_dims[0], rows = d.rows(), columns = d.columns();
-    auto matrix = [](int64_t r, int64_t c) { return memory::desc({r, c}, dt::f32, tag::ab); };
-    auto transposed = [](int64_t r, int64_t c) { return memory::desc({r, c}, dt::f32, memory::dims{1, r}); };
-    // Each operand's matrix and its place in the product (source x weights = destination).
-    struct Side {
-        memory::desc desc;
-        int arg, slot;
-    } x, y, layer;
-    if (kind == kConvForward) {
-        x = {matrix(images, columns), DNNL_ARG_SRC, conv_forward::x};
-        layer = {transposed(columns, rows), DNNL_ARG_WEIGHTS, conv_forward::w};
-        y = {matrix(images, rows), DNNL_ARG_DST, conv_forward::y};
-    } else if (kind == kConvBackwardData) {
-        y = {matrix(images, rows), DNNL_ARG_SRC, conv_backward_data::dy};
-        layer = {matrix(rows, columns), DNNL_ARG_WEIGHTS, conv_backward_data::w};
-        x = {matrix(images, columns), DNNL_ARG_DST, conv_backward_data::dx};
-    } else {
-        y = {transposed(rows, images), DNNL_ARG_SRC, conv_backward_weights::dy};
-        x = {matrix(images, columns), DNNL_ARG_WEIGHTS, conv_backward_weights::x};
-        layer = {matrix(rows, columns), DNNL_ARG_DST, conv_backward_weights::dw};
-    }
-    auto descs = [&](int arg) { return (x.arg == arg ? x : y.arg == arg ? y : layer).desc; };
-    auto pd = dnnl::matmul::primitive_desc(state().engine, descs(DNNL_ARG_SRC), descs(DNNL_ARG_WEIGHTS),
-                                           descs(DNNL_ARG_DST), user_scratchpad());
+    const DenseSides sides = dense_sides(kind, x_dims[0], d.rows(), d.columns());
+    auto pd = dnnl::matmul::primitive_desc(state().engine, sides.of(DNNL_ARG_SRC), sides.of(DNNL_ARG_WEIGHTS),
+                                           sides.of(DNNL_ARG_DST), user_scratchpad());
     auto plan = std::make_unique<Plan>();
     plan->primitive = dnnl::matmul(pd);
     plan->scratchpad = pd.scratchpad_desc();
@@ -199,51 +261,17 @@ std::unique_ptr<Plan> dense_plan(Kind kind, const memory::dims &x_dims, const me
     const bool itself = matrix_is_weights(x_dims, w_dims, y_dims);
     const bool keeps = kind == kConvForward && p.inference && !itself;
     if (keeps) {
-        plan->operands.push_back(Operand(DNNL_ARG_WEIGHTS, layer.slot, false, memory()));
+        plan->operands.push_back(Operand(DNNL_ARG_WEIGHTS, sides.layer.slot, false, memory()));
         plan->operands.back().keeps_reorders = true;
     }
-    Plan *self = plan.get();
-    const bool gradient = kind == kConvBackwardWeights;
     // A training forward writes its matrix into its `matrix` output, which the backward of the image
     // gradient is given (convolution.py's bprop): built once per step, not twice. The slot is used when it
     // holds the whole matrix (convolution.py sizes it by WeightMatrixElements); else the shared buffer.
-    const bool in_slot = !keeps && !gradient && matrix_elements == rows * columns;
-    const int matrix_slot = kind == kConvForward ? int(conv_forward::matrix) : int(conv_backward_data::matrix);
+    const bool gradient = kind == kConvBackwardWeights;
+    const bool in_slot = !keeps && !gradient && matrix_elements == d.rows() * d.columns();
     const bool given = in_slot && kind == kConvBackwardData;  // built by the forward
-    plan->steps = [=](void **slots) {
-        auto &s = state();
-        float *dense = nullptr;
-        if (itself) {
-            dense = static_cast<float *>(slots[layer.slot]);
-        } else if (keeps && g_frozen_version != 0) {
-            auto &kept = self->operands.front().kept;
-            auto found = kept.find(slots[layer.slot]);
-            if (found == kept.end()) {
-                auto matrix = std::make_pair(memory(layer.desc, s.engine), uint64_t{0});
-                found = kept.emplace(slots[layer.slot], std::move(matrix)).first;
-            }
-            auto &[matrix, version] = found->second;
-            dense = static_cast<float *>(matrix.get_data_handle());
-            if (version != g_frozen_version) {
-                spread_weights(d, static_cast<const float *>(slots[layer.slot]), dense);
-                version = g_frozen_version;
-            }
-        } else {
-            dense = in_slot ? static_cast<float *>(slots[matrix_slot])
-                            : static_cast<float *>(grown(s.dense, s.dense_bytes, rows * columns * sizeof(float)));
-            if (!gradient && !given) spread_weights(d, static_cast<const float *>(slots[layer.slot]), dense);
-        }
-        std::unordered_map<int, memory> args{{x.arg, memory(x.desc, s.engine, slots[x.slot])},
-                                             {y.arg, memory(y.desc, s.engine, slots[y.slot])},
-                                             {layer.arg, memory(layer.desc, s.engine, dense)}};
-        if (const size_t bytes = self->scratchpad.get_size())
-            args[DNNL_ARG_SCRATCHPAD] = memory(self->scratchpad, s.engine, scratchpad_of(s, bytes));
-        self->primitive.execute(s.stream, args);
-        if (gradient && !itself) {
-            s.stream.wait();
-            gather_taps(d, dense, static_cast<float *>(slots[layer.slot]));
-        }
-    };
+    const int matrix_slot = kind == kConvForward ? int(conv_forward::matrix) : int(conv_backward_data::matrix);
+    plan->steps = DenseSteps{d, sides, plan.get(), gradient, itself, keeps, in_slot, given, matrix_slot};
     return plan;
 }
 

@@ -9,6 +9,106 @@ namespace resnet_conv {
 
 namespace {
 
+// What both directions' plans are made of: the tensors' descriptions and the forward's, which the
+// backward is made from.
+struct NormDescs {
+    memory::desc data;      // x, y and their gradients, blocked
+    memory::desc elements;  // the same, as one flat run (the residual addition and its ReLU)
+    memory::desc channel;   // a value per channel (scale, shift, statistics)
+    dnnl::normalization_flags flags;
+    dnnl::primitive_attr attr;
+    dnnl::batch_normalization_forward::primitive_desc forward;
+
+    Operand workspace(int slot) const {
+        const auto desc = forward.workspace_desc();
+        return operand(DNNL_ARG_WORKSPACE, slot, false, desc, desc);
+    }
+};
+
+NormDescs norm_descs(const memory::dims &x_dims, const NormParams &p, int64_t workspace_bytes, dt type) {
+    const bool relu = p.activation == 1.f;
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    if (p.global_stats != 0.f) flags = flags | dnnl::normalization_flags::use_global_stats;
+    if (relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
+    NormDescs n{activation(x_dims, type, true), flat(element_count(4, x_dims.data()), type),
+                memory::desc({x_dims[1]}, dt::f32, tag::a), flags, user_scratchpad(), {}};
+    n.forward = dnnl::batch_normalization_forward::primitive_desc(
+        state().engine, dnnl::prop_kind::forward_training, n.data, n.data, p.epsilon, flags, n.attr);
+    const auto wanted = relu ? n.forward.workspace_desc().get_size() : 0;
+    if (wanted > static_cast<size_t>(workspace_bytes))
+        throw std::runtime_error("the normalization's workspace needs " + std::to_string(wanted) + " bytes, " +
+                                 "it was given " + std::to_string(workspace_bytes));
+    return n;
+}
+
+// y = max(y + residual, 0), in place, after NormForward (forked: add_relu_twice instead).
+std::unique_ptr<Plan> residual_addition(const NormDescs &n) {
+    dnnl::post_ops relu_after;
+    relu_after.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    auto add_attr = user_scratchpad();
+    add_attr.set_post_ops(relu_after);
+    auto addition = dnnl::binary::primitive_desc(state().engine, dnnl::algorithm::binary_add, n.elements, n.elements,
+                                                 n.elements, add_attr);
+    using namespace norm_forward;
+    return primitive_plan<dnnl::binary>(addition, {operand(DNNL_ARG_SRC_0, y, false, n.elements, n.elements),
+                                                   operand(DNNL_ARG_SRC_1, residual, false, n.elements, n.elements),
+                                                   operand(DNNL_ARG_DST, y, true, n.elements, n.elements)});
+}
+
+// dresidual = dy where the output passed the ReLU, else 0, before NormBackward (summed: masked_sum instead).
+std::unique_ptr<Plan> relu_mask(const NormDescs &n) {
+    auto &engine = state().engine;
+    const auto algorithm = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
+    auto relu_forward = dnnl::eltwise_forward::primitive_desc(engine, dnnl::prop_kind::forward_training, algorithm,
+                                                              n.elements, n.elements, 0.f, 0.f);
+    auto mask = dnnl::eltwise_backward::primitive_desc(engine, algorithm, n.elements, n.elements, n.elements, 0.f, 0.f,
+                                                       relu_forward, n.attr);
+    using namespace norm_backward;
+    return primitive_plan<dnnl::eltwise_backward>(
+        mask, {operand(DNNL_ARG_DST, y, false, n.elements, n.elements),
+               operand(DNNL_ARG_DIFF_DST, dy, false, n.elements, n.elements),
+               operand(DNNL_ARG_DIFF_SRC, dresidual, true, n.elements, n.elements)});
+}
+
+std::unique_ptr<Plan> norm_forward_plan(Kind kind, const NormDescs &n, const NormParams &p) {
+    const bool given = p.global_stats != 0.f;
+    auto plan = std::make_unique<Plan>();
+    plan->primitive = dnnl::batch_normalization_forward(n.forward);
+    using namespace norm_forward;
+    plan->operands = {operand(DNNL_ARG_SRC, x, false, n.data, n.forward.src_desc()),
+                      operand(DNNL_ARG_SCALE, gamma, false, n.channel, n.channel),
+                      operand(DNNL_ARG_SHIFT, beta, false, n.channel, n.channel),
+                      operand(DNNL_ARG_MEAN, given ? mean : batch_mean, !given, n.channel, n.channel),
+                      operand(DNNL_ARG_VARIANCE, given ? variance : batch_variance, !given, n.channel, n.channel),
+                      operand(DNNL_ARG_DST, y, true, n.data, n.forward.dst_desc())};
+    if (p.activation == 1.f) plan->operands.push_back(n.workspace(norm_forward::workspace));
+    own_scratchpad(*plan, n.forward);
+    if (p.activation == 2.f && kind == kNormForward) plan->postlude = residual_addition(n);
+    return plan;
+}
+
+std::unique_ptr<Plan> norm_backward_plan(Kind kind, const NormDescs &n, const NormParams &p) {
+    const bool add = p.activation == 2.f;
+    auto backward = dnnl::batch_normalization_backward::primitive_desc(
+        state().engine, dnnl::prop_kind::backward, n.data, n.data, n.data, p.epsilon, n.flags, n.forward, n.attr);
+    auto plan = std::make_unique<Plan>();
+    plan->primitive = dnnl::batch_normalization_backward(backward);
+    using namespace norm_backward;
+    plan->operands = {operand(DNNL_ARG_SRC, x, false, n.data, backward.src_desc()),
+                      // with the residual: dy masked by the output, written by the prelude
+                      operand(DNNL_ARG_DIFF_DST, add ? dresidual : dy, false, n.data, backward.diff_dst_desc()),
+                      operand(DNNL_ARG_MEAN, mean, false, n.channel, n.channel),
+                      operand(DNNL_ARG_VARIANCE, variance, false, n.channel, n.channel),
+                      operand(DNNL_ARG_SCALE, gamma, false, n.channel, n.channel),
+                      operand(DNNL_ARG_DIFF_SRC, dx, true, n.data, backward.diff_src_desc()),
+                      operand(DNNL_ARG_DIFF_SCALE, dgamma, true, n.channel, n.channel),
+                      operand(DNNL_ARG_DIFF_SHIFT, dbeta, true, n.channel, n.channel)};
+    if (p.activation == 1.f) plan->operands.push_back(n.workspace(norm_backward::workspace));
+    own_scratchpad(*plan, backward);
+    if (add && kind == kNormBackward) plan->prelude = relu_mask(n);
+    return plan;
+}
+
 // Batch normalization on blocked tensors, per channel: scale (gamma) and shift (beta), slots as
 // NORM_FORWARD_SLOTS and NORM_BACKWARD_SLOTS say. The batch variance is the biased one oneDNN
 // normalizes with; with global_stats the given statistics are used and are not written out. The
@@ -16,81 +116,8 @@ namespace {
 // asks (a bit each), checked here.
 std::unique_ptr<Plan> norm_plan(Kind kind, const memory::dims &x_dims, const NormParams &p, int64_t workspace_bytes,
                                 dt type) {
-    auto &engine = state().engine;
-    const bool relu = p.activation == 1.f, add = p.activation == 2.f;
-    auto data = activation(x_dims, type, true);
-    auto elements = flat(element_count(4, x_dims.data()), type);
-    auto channel = memory::desc({x_dims[1]}, dt::f32, tag::a);
-    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-    if (p.global_stats != 0.f) flags = flags | dnnl::normalization_flags::use_global_stats;
-    if (relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
-    auto attr = user_scratchpad();
-    auto forward = dnnl::batch_normalization_forward::primitive_desc(
-        engine, dnnl::prop_kind::forward_training, data, data, p.epsilon, flags, attr);
-    auto plan = std::make_unique<Plan>();
-    if (relu) {
-        const auto wanted = forward.workspace_desc().get_size();
-        if (wanted > static_cast<size_t>(workspace_bytes))
-            throw std::runtime_error("the normalization's workspace needs " + std::to_string(wanted) + " bytes, " +
-                                     "it was given " + std::to_string(workspace_bytes));
-    }
-    auto workspace = [&](int slot) {
-        auto desc = forward.workspace_desc();
-        return operand(DNNL_ARG_WORKSPACE, slot, false, desc, desc);
-    };
-    if (is_norm_forward(kind)) {
-        plan->primitive = dnnl::batch_normalization_forward(forward);
-        const bool given = p.global_stats != 0.f;
-        using namespace norm_forward;
-        plan->operands = {operand(DNNL_ARG_SRC, x, false, data, forward.src_desc()),
-                          operand(DNNL_ARG_SCALE, gamma, false, channel, channel),
-                          operand(DNNL_ARG_SHIFT, beta, false, channel, channel),
-                          operand(DNNL_ARG_MEAN, given ? mean : batch_mean, !given, channel, channel),
-                          operand(DNNL_ARG_VARIANCE, given ? variance : batch_variance, !given, channel, channel),
-                          operand(DNNL_ARG_DST, y, true, data, forward.dst_desc())};
-        if (relu) plan->operands.push_back(workspace(norm_forward::workspace));
-        own_scratchpad(*plan, forward);
-        if (add && kind == kNormForward) {  // y = max(y + residual, 0), in place (forked: add_relu_twice)
-            dnnl::post_ops relu_after;
-            relu_after.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-            auto add_attr = user_scratchpad();
-            add_attr.set_post_ops(relu_after);
-            auto addition = dnnl::binary::primitive_desc(engine, dnnl::algorithm::binary_add, elements, elements,
-                                                         elements, add_attr);
-            plan->postlude = primitive_plan<dnnl::binary>(
-                addition, {operand(DNNL_ARG_SRC_0, y, false, elements, elements),
-                           operand(DNNL_ARG_SRC_1, residual, false, elements, elements),
-                           operand(DNNL_ARG_DST, y, true, elements, elements)});
-        }
-    } else {
-        auto backward = dnnl::batch_normalization_backward::primitive_desc(
-            engine, dnnl::prop_kind::backward, data, data, data, p.epsilon, flags, forward, attr);
-        plan->primitive = dnnl::batch_normalization_backward(backward);
-        using namespace norm_backward;
-        plan->operands = {operand(DNNL_ARG_SRC, x, false, data, backward.src_desc()),
-                          // with the residual: dy masked by the output, written by the prelude
-                          operand(DNNL_ARG_DIFF_DST, add ? dresidual : dy, false, data, backward.diff_dst_desc()),
-                          operand(DNNL_ARG_MEAN, mean, false, channel, channel),
-                          operand(DNNL_ARG_VARIANCE, variance, false, channel, channel),
-                          operand(DNNL_ARG_SCALE, gamma, false, channel, channel),
-                          operand(DNNL_ARG_DIFF_SRC, dx, true, data, backward.diff_src_desc()),
-                          operand(DNNL_ARG_DIFF_SCALE, dgamma, true, channel, channel),
-                          operand(DNNL_ARG_DIFF_SHIFT, dbeta, true, channel, channel)};
-        if (relu) plan->operands.push_back(workspace(norm_backward::workspace));
-        own_scratchpad(*plan, backward);
-        if (add && kind == kNormBackward) {  // first dresidual = dy where the output passed the ReLU, else 0
-            const auto algorithm = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
-            auto relu_forward = dnnl::eltwise_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
-                                                                      algorithm, elements, elements, 0.f, 0.f);
-            auto mask = dnnl::eltwise_backward::primitive_desc(engine, algorithm, elements, elements, elements, 0.f,
-                                                               0.f, relu_forward, attr);
-            plan->prelude = primitive_plan<dnnl::eltwise_backward>(
-                mask, {operand(DNNL_ARG_DST, y, false, elements, elements),
-                       operand(DNNL_ARG_DIFF_DST, dy, false, elements, elements),
-                       operand(DNNL_ARG_DIFF_SRC, dresidual, true, elements, elements)});
-        }
-    }
-    return plan;
+    const NormDescs n = norm_descs(x_dims, p, workspace_bytes, type);
+    return is_norm_forward(kind) ? norm_forward_plan(kind, n, p) : norm_backward_plan(kind, n, p);
 }
 
 // Without the residual addition the normalization's backward writes zeros as the gradient of the
