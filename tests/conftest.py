@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -135,14 +136,15 @@ def _test_work(test: str) -> dict:
                                    "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
 
 
-def _count_run(args: List[str], cpu_s: float, returncode: int, warm: bool) -> None:
+def _count_run(args: List[str], cpu_s: float, returncode: int, warm: bool, refused: str = "") -> None:
     test = os.environ.get("PYTEST_CURRENT_TEST", "")  # "<test id> (<phase>)"
     if test:
         work = _test_work(test.rsplit(" (", 1)[0])
         work["runs"] += 1
         work["trainings"] += any(str(arg).endswith(TRAINING_ENTRIES) for arg in args)
         work.setdefault("run_list", []).append({"entry": _entry_name(args), "cpu_s": round(cpu_s, 2),
-                                                "returncode": returncode, "warm": warm})
+                                                "returncode": returncode, "warm": warm,
+                                                **({"warm_refused": refused} if refused else {})})
 
 
 def _entry_name(args: List[str]) -> str:
@@ -234,19 +236,27 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
     """Run a command of the project (python scripts or bash launchers) and capture its output.
 
     `env` replaces the inherited environment when given. A Python run starts from the warm process
-    (tests/warm_start.py: a fork that has MindSpore imported) where nothing it changes is read before
-    the fork; RESNET_TESTS_COLD=1 starts every run as a fresh interpreter."""
+    (tests/warm_start.py: a fork that has MindSpore imported, made to be what a fresh interpreter
+    would be) where nothing it changes is read before the fork; RESNET_TESTS_COLD=1 starts every run
+    as a fresh interpreter. A run the warm process refuses (its reason in the work record and a
+    warning) starts fresh."""
     full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     cwd = str(cwd or REPO)
-    warm = _warm_start_fits(args, full_env)
+    warm, refused = _warm_start_fits(args, full_env) and os.path.isdir(cwd), ""
     if warm:
-        result, cpu_s = _warm.run(args, cwd, full_env, timeout)
-    else:
+        try:
+            result, cpu_s = _warm.run(args, cwd, full_env, timeout)
+        except WarmStartRefused as refusal:
+            warm, refused = False, str(refusal)
+            if refused not in _refusals_told:
+                _refusals_told.add(refused)
+                warnings.warn(f"warm start refused, running fresh: {refused}", stacklevel=2)
+    if not warm:
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu_s = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
-    _count_run(args, cpu_s, result.returncode, warm)
+    _count_run(args, cpu_s, result.returncode, warm, refused)
     return result
 
 
@@ -261,9 +271,25 @@ def _warm_start_fits(args: List[str], env: dict) -> bool:
     return not warm_unsafe_keys(env, _warm.environment())
 
 
+class WarmStartRefused(Exception):
+    """The warm process will not run a command (the message says why): it runs fresh."""
+
+
+_refusals_told: set = set()
+
+
 class WarmStart:
     """This worker's warm process (tests/warm_start.py), started at its first run and ended with the
-    session, its CPU time and its children's then counted in this process's (RUSAGE_CHILDREN)."""
+    session, its CPU time and its children's then counted in this process's (RUSAGE_CHILDREN).
+
+    Each run writes to two FIFOs of its own, read here until every process holding them has closed
+    them (the run's, and any it started that outlives it), as subprocess.run reads its pipes: a write
+    end held here until the run's exit status arrives keeps the reads from ending before the run
+    opens them. On `timeout` the run is killed (if still running) and subprocess.TimeoutExpired
+    raised with what was read, as subprocess.run does. The warm process refuses a run it cannot fork
+    faithfully (a thread besides its own, a preloaded library the run's first sys.path entry would
+    shadow), and is refused for the session when its imports printed anything (a fresh run would
+    print that where it imports them)."""
 
     def __init__(self):
         self.process: Optional[subprocess.Popen] = None
@@ -271,6 +297,8 @@ class WarmStart:
         self.started_env: dict = {}
         self.cpu_s = 0.0  # the finished runs' CPU seconds, until the warm process is waited for
         self.folder = ""
+        self.runs = 0
+        self.refusal = ""  # why no run may start warm this session
 
     def environment(self) -> dict:
         """The environment the warm process started with (this worker's, unbuffered), or will start
@@ -288,8 +316,15 @@ class WarmStart:
         os.close(reply_write)
         self.requests = os.fdopen(request_write, "w", encoding="utf-8")
         self.replies, self.pending = reply_read, b""
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = tempfile.mkdtemp(prefix="warm-runs-")
-        assert "ready" in self._reply(None), "the warm process did not start"
+        ready = self._reply(None)
+        assert "ready" in ready, "the warm process did not start"
+        if ready["printed"]:
+            self.close()
+            self.refusal = (f"importing MindSpore and src/ printed {ready['printed'][:300]!r}, which a fresh run "
+                            "prints where it imports them")
 
     def _reply(self, timeout: Optional[float]) -> Optional[dict]:
         """The warm process's next reply, or None when none came within `timeout` seconds."""
@@ -303,29 +338,83 @@ class WarmStart:
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
 
+    def _ended(self) -> str:
+        return f"the warm process ended ({self.process.wait()}); RESNET_TESTS_COLD=1 runs without it"
+
     def run(self, args: List[str], cwd: str, env: dict, timeout: float) -> Tuple[subprocess.CompletedProcess, float]:
         """Run `args` as a child of the warm process: its result as subprocess.run's, and its CPU seconds."""
-        if self.process is None or self.process.poll() is not None:
+        if not self.refusal and (self.process is None or self.process.poll() is not None):
             self._start()
-        out, err = os.path.join(self.folder, "stdout"), os.path.join(self.folder, "stderr")
-        self.requests.write(json.dumps({"argv": [str(arg) for arg in args], "cwd": cwd, "env": env, "stdout": out,
-                                        "stderr": err}) + "\n")
-        self.requests.flush()
-        started = self._reply(None)
-        assert "pid" in started, f"the warm process ended ({self.process.wait()}); RESNET_TESTS_COLD=1 runs without it"
-        pid = started["pid"]
-        ended = self._reply(timeout)
-        timed_out = ended is None
-        if timed_out:
-            os.kill(pid, signal.SIGKILL)
-            ended = self._reply(None)
-        assert "status" in ended, f"the warm process ended ({self.process.wait()}); RESNET_TESTS_COLD=1 runs without it"
+        if self.refusal:
+            raise WarmStartRefused(self.refusal)
+        self.runs += 1
+        paths = [os.path.join(self.folder, f"{self.runs}.{name}") for name in ("stdout", "stderr")]
+        readers: List[int] = []
+        held: List[int] = []  # write ends, closed when the run's exit status has come
+        try:
+            for path in paths:
+                os.mkfifo(path, 0o600)
+                readers.append(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+                held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            self.requests.write(json.dumps({"argv": [str(arg) for arg in args], "cwd": cwd, "env": env,
+                                            "stdout": paths[0], "stderr": paths[1]}) + "\n")
+            self.requests.flush()
+            started = self._reply(None)
+            if "refused" in started:
+                raise WarmStartRefused(started["refused"])
+            assert "pid" in started, self._ended()
+            return self._collect(args, started["pid"], readers, held, timeout)
+        finally:
+            for fd in readers + held:
+                os.close(fd)
+            for path in paths:
+                Path(path).unlink(missing_ok=True)
+
+    def _collect(self, args: List[str], pid: int, readers: List[int], held: List[int],
+                 timeout: float) -> Tuple[subprocess.CompletedProcess, float]:
+        """Read the run's output until EOF and its exit status, within `timeout` seconds."""
+        try:
+            process = os.pidfd_open(pid)  # signals this process, never another that took its pid
+        except ProcessLookupError:
+            process = None  # ended and reaped already: its status is on the way
+        deadline, output = time.monotonic() + timeout, {fd: bytearray() for fd in readers}
+        ended, reading, timed_out = None, set(readers), False
+        try:
+            while ended is None or reading:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    if ended is None and process is not None:
+                        signal.pidfd_send_signal(process, signal.SIGKILL)
+                    ended = ended or self._reply(None)
+                    break
+                ready = select.select([*reading] + ([self.replies] if ended is None else []), [], [], left)[0]
+                if self.replies in ready:
+                    ended = self._reply(0)
+                    if ended is not None:
+                        assert "status" in ended, self._ended()
+                        for fd in held:
+                            os.close(fd)  # from now on a read ends when the run's processes have closed theirs
+                        held.clear()
+                for fd in set(ready) & reading:
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    output[fd] += chunk
+                    if not chunk:
+                        reading.discard(fd)
+        finally:
+            if process is not None:
+                os.close(process)
+        assert "status" in ended, self._ended()
         self.cpu_s += ended["cpu_s"]
-        stdout, stderr = (Path(path).read_text(encoding=locale.getpreferredencoding(False)) for path in (out, err))
+        stdout, stderr = (bytes(output[fd]) for fd in readers)
         if timed_out:
-            raise subprocess.TimeoutExpired(args, timeout, stdout, stderr)
-        return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(ended["status"]), stdout,
-                                           stderr), ended["cpu_s"]
+            raise subprocess.TimeoutExpired(args, timeout, stdout or None, stderr or None)
+        text = [data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+                for data in (stdout, stderr)]  # as subprocess.run(text=True)
+        return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(ended["status"]), *text), ended["cpu_s"]
 
     def close(self) -> None:
         """End the warm process and wait for it (its children's CPU time then counts as this process's)."""
@@ -335,7 +424,7 @@ class WarmStart:
         self.process.wait()
         os.close(self.replies)
         shutil.rmtree(self.folder, ignore_errors=True)
-        self.process, self.cpu_s = None, 0.0
+        self.process, self.cpu_s, self.folder = None, 0.0, ""
 
 
 _warm = WarmStart()

@@ -1,36 +1,70 @@
 """A warm start for the suite's entry-point runs: a process that has imported MindSpore and this
-repository's modules once, and forks a child for each run (conftest.run), which then runs the
-script as `python SCRIPT ARGS...` would, in its own process, with its own argv, environment, working
-directory, output files and exit status. A run pays neither Python's nor MindSpore's start-up
-(~2.5 CPU-seconds each, ~240 runs a suite).
+repository's modules once, and forks a child for each run (conftest.run). A child becomes what
+`python SCRIPT ARGS...` (or `-m MODULE`, `-c PROGRAM`) would be in a fresh interpreter, started by
+subprocess.run(capture_output=True) with stdin from /dev/null (what pytest's capture gives a test):
 
-What the fork cannot give is left to a fresh interpreter: conftest.run starts a real `python`
-wherever the environment differs in what is read as a library loads (WARM_UNSAFE_PREFIXES: OpenMP
-threads, MindSpore's and glog's settings, Python's own), and for anything that is not a Python
-script, `-m` module or `-c` program. Nothing is shared after the fork: MindSpore's context, devices
-and kernels are set up by the child, as the imports touch none of them (the repository's rule).
+- its argv, sys.orig_argv, environment, working directory, stdin and output;
+- sys.path: the first entry a fresh interpreter would put (the script's real directory, the working
+  directory for -m, "" for -c), then the interpreter's own entries (this process's, without the
+  tests/ folder it was started from and the repository preload() added). A preloaded module of the
+  repository (`src`) that the fresh run would not import from the same file (a script or -c outside
+  the repository) is dropped from sys.modules, to be imported again or not found, as fresh; a
+  preloaded library that the run's first sys.path entry would shadow refuses the warm start;
+- a fresh `__main__` module, the script compiled from its absolute path as Python's, -m through
+  runpy._run_module_as_main as `python -m` calls it;
+- an uncaught exception printed by sys.excepthook with the frames of this file left out, exit
+  status 1; SystemExit handled by the interpreter itself; an uncaught KeyboardInterrupt printed,
+  then the interpreter finalizes and kills itself with SIGINT, as CPython does;
+- the global generators of `random` and numpy seeded from the OS, the warnings' registries
+  (`__warningregistry__`, 'once') emptied.
 
-Protocol, JSON lines over two pipes (the file descriptors in argv): a request {argv, cwd, env,
-stdout, stderr} (the two output paths) is answered {pid} as the child starts and {status, cpu_s}
-when it has ended (os.wait4's status and the child's user + system seconds).
+What cannot differ: preload() prints nothing (its stdout and stderr are captured, fds and C stdio
+alike; conftest refuses the warm start when they are not empty, for a fresh interpreter would print
+them where its run imports MindSpore), and the fork has one thread (checked before each fork;
+OpenBLAS's pool, which numpy's import starts, is stopped after the imports as fork's own handler
+would stop it, and starts again in the child on its first threaded call).
+
+What is left to a fresh interpreter: conftest.run starts a real `python` wherever the environment
+differs in what is read as the interpreter or a library loads (WARM_UNSAFE_PREFIXES), and for
+anything that is not a Python script, `-m` module or `-c` program. The one difference left is
+Python's string hash seed, fixed at start: the children of one warm process share it (their
+process's own is as random as a fresh one's), so sets of strings iterate in the same order in two
+runs of one test on one worker, where two fresh runs may differ. A test comparing two runs could
+miss an output that depends on that order, never fail for it; the repository's rule (every random
+choice is a pure function of seed, epoch and index) leaves none, and RESNET_TESTS_COLD=1 runs each
+run with its own seed. A run that sets PYTHONHASHSEED itself is fresh (the PYTHON prefix).
+
+Protocol, JSON lines over two pipes (the file descriptors in argv): this process says {ready,
+printed} (what preload() printed) once; a request {argv, cwd, env, stdout, stderr} (two FIFOs the
+caller reads until EOF) is answered {refused} (why the caller should run it fresh), or {pid} as the
+child starts and {status, cpu_s} when it has ended (os.wait4's status and the child's user + system
+seconds).
 """
+import builtins
+import ctypes
 import importlib
+import importlib.machinery
 import json
 import os
 import pkgutil
 import runpy
 import signal
 import sys
-import traceback
+import types
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # Environment variables that the interpreter or a library reads as it loads (before the fork): a run
-# that changes one of them gets a fresh interpreter.
-WARM_UNSAFE_PREFIXES = ("PYTHON", "OMP_", "GOMP_", "KMP_", "LD_", "MALLOC_", "GLOG", "MS_", "OPENBLAS", "MKL_")
+# that changes one of them gets a fresh interpreter. LANG and LC_* set the locale (stdio's and the
+# file system's encodings), TZ the time zone (time.tzname), TMPDIR, TMP and TEMP tempfile's folder.
+WARM_UNSAFE_PREFIXES = ("PYTHON", "OMP_", "GOMP_", "KMP_", "LD_", "MALLOC_", "GLOG", "MS_", "OPENBLAS", "MKL_",
+                        "LANG", "LC_", "TZ", "TMP", "TEMP")
 WARM_SAFE = ("PYTHONUNBUFFERED",)
 # Modules a run would import for itself; PyTorch's side (src.migration.torch_*) is left to the runs that need it.
 SKIPPED = ("src.migration.torch_",)
+BASE_PATH: list = []  # the interpreter's own sys.path entries, after the one for the script (main sets it)
+REPO_MODULES: set = set()  # the top-level modules preload() imported from the repository
 
 
 def warm_unsafe_keys(env: dict, base: dict) -> list:
@@ -41,7 +75,8 @@ def warm_unsafe_keys(env: dict, base: dict) -> list:
 
 
 def preload() -> None:
-    """Import MindSpore and every module of src/ but PyTorch's side (nothing of them runs)."""
+    """Import MindSpore and every module of src/ but PyTorch's side (nothing of them runs), then stop
+    OpenBLAS's threads."""
     sys.path.insert(0, str(REPO))
     from src.openmp import set_openmp_environment
     set_openmp_environment()  # as the entry points do before MindSpore loads OpenMP, which reads it once
@@ -53,48 +88,168 @@ def preload() -> None:
     for module in pkgutil.walk_packages(src.__path__, "src."):
         if not module.name.startswith(SKIPPED):
             importlib.import_module(module.name)
+    sys.path.remove(str(REPO))
+    REPO_MODULES.update(name for name in list(sys.modules) if "." not in name and _entry(name) == str(REPO))
+    stop_openblas_threads()
 
 
-def run_child(request: dict) -> int:
-    """In the forked child: become `python ARGV...` and run it; its exit status."""
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+def stop_openblas_threads() -> None:
+    """Stop the thread pool of every OpenBLAS loaded (numpy's starts one thread per core but one as it
+    loads), as each one's fork handler (pthread_atfork: blas_thread_shutdown_) does before a fork; a
+    pool starts again at its first threaded call."""
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        paths = {fields[-1] for fields in map(str.split, maps) if len(fields) > 5 and "openblas" in fields[-1]}
+    for path in sorted(paths):
+        shutdown = getattr(ctypes.CDLL(path), "blas_thread_shutdown_", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def threads() -> list:
+    """This process's threads, by name."""
+    tasks = sorted(os.listdir("/proc/self/task"))
+    return [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in tasks]
+
+
+def printed_by(function) -> str:
+    """Run `function` with file descriptors 1 and 2 captured (C's stdio flushed too): what it printed."""
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    sink = os.memfd_create("preload-output")
+    os.dup2(sink, 1)
+    os.dup2(sink, 2)
+    try:
+        function()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        libc.fflush(None)
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+    os.lseek(sink, 0, os.SEEK_SET)
+    text = b"".join(iter(lambda: os.read(sink, 65536), b"")).decode(errors="replace")
+    os.close(sink)
+    return text
+
+
+def _entry(name: str) -> str:
+    """The sys.path entry the top-level module `name` was found on ("" when not a file's)."""
+    spec = getattr(sys.modules.get(name), "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    if not origin or not os.path.isabs(origin):
+        return ""
+    folder = os.path.dirname(origin)
+    return os.path.dirname(folder) if spec.submodule_search_locations is not None else folder
+
+
+def first_path_entry(argv: list, cwd: str) -> str:
+    """sys.path[0] of a fresh `python ARGV...` run in `cwd` (Python 3.11, no -P or PYTHONSAFEPATH)."""
+    if argv[1] == "-c":
+        return ""
+    if argv[1] == "-m":
+        return cwd
+    return os.path.dirname(os.path.realpath(os.path.join(cwd, argv[1])))
+
+
+def stale_modules(argv: list, cwd: str) -> tuple:
+    """The preloaded top-level modules a fresh run in `cwd` would not import from the same file: the
+    repository's (to drop from sys.modules) and the libraries' (shadowed by the run's first
+    sys.path entry: the run must be fresh)."""
+    first = first_path_entry(argv, cwd) or cwd
+    fresh = [first] + [entry or cwd for entry in BASE_PATH]
+    try:
+        there = os.listdir(first)
+    except OSError:
+        there = []
+    provided = {name.split(".")[0] for name in there}  # modules, packages, extensions (name.cpython-...so)
+    candidates = REPO_MODULES | {name for name in provided if name in sys.modules and "." not in name}
+    repository, shadowed = [], []
+    importlib.invalidate_caches()
+    for name in sorted(candidates):
+        spec = importlib.machinery.PathFinder.find_spec(name, fresh)
+        if spec is not None and spec.origin == getattr(sys.modules[name].__spec__, "origin", None):
+            continue
+        (repository if name in REPO_MODULES else shadowed).append(name)
+    return repository, shadowed
+
+
+def refusal(request: dict, shadowed: list) -> str:
+    """Why `request` may not be forked from this process ("" when it may)."""
+    running = threads()
+    if len(running) != 1:
+        return f"the warm process has {len(running)} threads ({', '.join(running)}); a fork keeps only one"
+    if shadowed:
+        return f"the run's first sys.path entry has its own {', '.join(shadowed)} (preloaded from elsewhere)"
+    return ""
+
+
+def run_child(request: dict, stale: list) -> int:
+    """In the forked child: become `python ARGV...` and run it; its exit status (SystemExit and an
+    uncaught KeyboardInterrupt go on to the interpreter, which ends as a fresh one would)."""
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        opened = os.open(path, os.O_WRONLY)
         os.dup2(opened, fd)
         os.close(opened)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import random
+
     import numpy as np
-    np.random.seed()  # a fresh process's global generator is seeded from the OS, not the warm one's
+    random.seed()  # (random reseeds itself after a fork too)
+    np.random.seed()  # a fresh process's global generators are seeded from the OS, not the warm one's
+    warnings.onceregistry.clear()
+    warnings._filters_mutated()  # every module's __warningregistry__ is then out of date, and emptied at its next use
+    for name in [name for name in sys.modules if name.split(".")[0] in stale]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    main = types.ModuleType("__main__")
+    main.__builtins__, main.__annotations__ = builtins, {}
+    sys.modules["__main__"] = main
+    sys.orig_argv = list(request["argv"])
     argv = request["argv"][1:]
     try:
         if argv[0] == "-c":
-            sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
-            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            sys.argv, sys.path = ["-c", *argv[2:]], ["", *BASE_PATH]
+            main.__loader__ = importlib.machinery.BuiltinImporter
+            exec(compile(argv[1], "<string>", "exec", dont_inherit=True), vars(main))
         elif argv[0] == "-m":
-            sys.argv, sys.path[0] = [argv[1], *argv[2:]], os.getcwd()
-            sys.modules.pop(argv[1], None)  # preloaded: runs afresh as __main__, as `python -m` would
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            sys.argv, sys.path = ["-m", *argv[2:]], [os.getcwd(), *BASE_PATH]
+            for name in (argv[1], argv[1] + ".__main__"):
+                sys.modules.pop(name, None)  # preloaded: runs afresh as __main__, as `python -m` would
+            runpy._run_module_as_main(argv[1])  # what `python -m` calls
         else:
-            sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(argv[0]))
-            runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")  # __file__ absolute, as Python's
+            path = os.path.abspath(argv[0])  # __file__ and the code's file name absolute, as Python's
+            sys.argv, sys.path = list(argv), [first_path_entry(request["argv"], os.getcwd()), *BASE_PATH]
+            try:
+                with open(path, "rb") as script:
+                    source = script.read()
+            except OSError as error:
+                print(f"{request['argv'][0]}: can't open file {path!r}: [Errno {error.errno}] {error.strerror}",
+                      file=sys.stderr)
+                return 2
+            main.__file__, main.__cached__ = path, None
+            main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+            exec(compile(source, path, "exec", dont_inherit=True), vars(main))
         return 0
-    except SystemExit as stop:
-        code = stop.code
-        if code is None or isinstance(code, int):
-            return code or 0
-        print(code, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        return 130
-    except BaseException:  # noqa: BLE001 - as the interpreter reports an uncaught exception
-        traceback.print_exc()
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: BLE001 - as the interpreter reports an uncaught exception
+        trace = error.__traceback__
+        while trace is not None and trace.tb_frame.f_globals is globals():
+            trace = trace.tb_next  # the frames of this file
+        sys.excepthook(type(error), error.with_traceback(trace), trace)
+        if type(error) is KeyboardInterrupt:
+            sys.excepthook = lambda *_: None  # printed: the interpreter finalizes, then kills itself with SIGINT
+            raise
         return 1
 
 
@@ -102,11 +257,17 @@ def serve(requests, replies) -> int:
     """Fork a child per request until the requests end; in a child, its exit status (the caller exits)."""
     for line in requests:
         request = json.loads(line)
+        stale, shadowed = stale_modules(request["argv"], request["cwd"])
+        refused = refusal(request, shadowed)
+        if refused:
+            replies.write(json.dumps({"refused": refused}) + "\n")
+            replies.flush()
+            continue
         pid = os.fork()
         if pid == 0:
             requests.close()
             replies.close()
-            return run_child(request)
+            return run_child(request, stale)
         replies.write(json.dumps({"pid": pid}) + "\n")
         replies.flush()
         _, status, usage = os.wait4(pid, 0)
@@ -116,10 +277,11 @@ def serve(requests, replies) -> int:
 
 
 def main() -> int:
-    preload()
+    BASE_PATH[:] = sys.path[1:]  # sys.path[0] is this file's folder
+    printed = printed_by(preload)
     requests = os.fdopen(int(sys.argv[1]), "r", encoding="utf-8")
     replies = os.fdopen(int(sys.argv[2]), "w", encoding="utf-8")
-    replies.write(json.dumps({"ready": os.getpid()}) + "\n")
+    replies.write(json.dumps({"ready": os.getpid(), "printed": printed}) + "\n")
     replies.flush()
     code = serve(requests, replies)
     sys.stdout.flush()
