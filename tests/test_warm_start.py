@@ -1,0 +1,186 @@
+"""A warm-started run (tests/warm_start.py, through conftest.run) is what a fresh interpreter's is:
+entry points and programs that succeed, fail, are interrupted, warn, leave a process behind or look
+at their own interpreter run both ways, one after the other in the same folder, and their exit
+codes, stderr lines, stdout and files written (names and bytes) must be the same, after taking out
+what varies from run to run (VARYING: times and durations)."""
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable, List, Optional, Tuple
+
+import pytest
+
+import conftest
+from conftest import COLD, NO_CURVES, PYTHON, REPO, read_metrics, run
+from src.data.sources import CIFAR_RECORD_BYTES
+
+pytestmark = pytest.mark.slow  # starts entry points: not in the quick tier
+
+CONFIG = REPO / "config" / "sample_resnet18.yaml"
+# What differs between two runs of the same command, however started: what takes time.
+VARYING = [(re.compile(r"\d+(\.\d+)? img/s"), "<rate> img/s"),
+           (re.compile(r"\b\d+(\.\d+)?s\b"), "<seconds>s"),
+           (re.compile(r"eta \d+:\d\d:\d\d"), "eta <eta>"),
+           (re.compile(r"(data wait|waiting for data) \d+%"), r"\1 <share>%")]
+TIMING_COLUMNS = ("img_per_s", "wall_time", "data_wait")  # metrics.csv's measured columns
+EVENTS = re.compile(r"events\.out\.tfevents\.\d+\..*")  # TensorBoard's: events.out.tfevents.TIME.HOST.PID
+Run = Tuple[int, List[str], List[str], dict]
+
+
+def normalized(text: str) -> List[str]:
+    for pattern, replacement in VARYING:
+        text = pattern.sub(replacement, text)
+    return text.splitlines()
+
+
+def files(folder: Path) -> dict:
+    """The files under `folder` by relative name: their bytes; metrics.csv's rows without the timing
+    columns; a TensorBoard events file by its name alone (wall times in every record)."""
+    found = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = EVENTS.sub("events.out.tfevents.<time>.<host>.<pid>", str(path.relative_to(folder)))
+        if EVENTS.match(path.name):
+            found[name] = None
+        elif path.name == "metrics.csv":
+            found[name] = [{key: value for key, value in row.items() if key not in TIMING_COLUMNS}
+                           for row in read_metrics(path)]
+        else:
+            found[name] = path.read_bytes()
+    return found
+
+
+def warm_and_fresh(monkeypatch, args: List[str], folder: Path, cwd: Optional[Path] = None,
+                   prepare: Callable[[], None] = lambda: None) -> Tuple[Run, Run]:
+    """Run `args` warm, then fresh, each in an emptied `folder` (prepared by `prepare`): exit code,
+    stderr and stdout lines, and the files it left in `folder`."""
+    env = {key: value for key, value in os.environ.items() if key != COLD}
+    results = []
+    for cold in (False, True):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        prepare()
+        if cold:
+            monkeypatch.setenv(COLD, "1")
+        else:
+            monkeypatch.delenv(COLD, raising=False)
+        result = run(args, cwd=cwd, env=env)
+        record = conftest._work[os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]]["run_list"][-1]
+        assert record["warm"] is not cold, record  # the warm run did start warm
+        results.append((result.returncode, normalized(result.stderr), normalized(result.stdout),
+                        files(folder)))
+    monkeypatch.delenv(COLD, raising=False)
+    return results[0], results[1]
+
+
+def assert_same(warm: Run, fresh: Run) -> None:
+    assert warm[0] == fresh[0], (warm[1][-20:], fresh[1][-20:])
+    assert warm[1] == fresh[1]  # stderr
+    assert warm[3] == fresh[3]  # files
+    assert warm[2] == fresh[2]  # stdout
+
+
+def test_entry_points_run_warm_as_fresh(monkeypatch, tmp_path, cifar_dir):
+    """train.py finishing an epoch of resnet10 (2 steps), eval.py refusing a corrupt checkpoint,
+    export.py refusing AIR on the CPU."""
+    data = tmp_path / "data"
+    data.mkdir()
+    records = b"".join(path.read_bytes() for path in sorted(cifar_dir.glob("data_batch_*.bin")))
+    (data / "data_batch_1.bin").write_bytes(records[:32 * CIFAR_RECORD_BYTES])
+    shutil.copy(cifar_dir / "test_batch.bin", data / "test_batch.bin")
+    out = tmp_path / "run"
+    train = [PYTHON, "train.py", "--config_path", str(CONFIG), "--net_name", "resnet10", "--data_path", str(data),
+             "--batch_size", "16", "--epoch_size", "1", "--warmup_epochs", "0", "--run_eval", "False",
+             "--output_dir", str(out), *NO_CURVES]
+    warm, fresh = warm_and_fresh(monkeypatch, train, out)
+    assert warm[0] == 0, warm[1][-20:]
+    assert_same(warm, fresh)
+
+    kept = tmp_path / "resnet10.ckpt"
+    shutil.copy(out / "resnet10" / "cifar10" / "resnet10-1_2.ckpt", kept)
+    broken = out / "broken.ckpt"
+    evaluate = [PYTHON, "eval.py", "--config_path", str(CONFIG), "--net_name", "resnet10",
+                "--data_path", str(cifar_dir), "--checkpoint_file_path", str(broken)]
+    warm, fresh = warm_and_fresh(monkeypatch, evaluate, out, prepare=lambda: broken.write_bytes(b"not a checkpoint"))
+    assert warm[0] == 2, warm[1]
+    assert_same(warm, fresh)
+
+    export = [PYTHON, "export.py", "--config_path", str(CONFIG), "--net_name", "resnet10", "--checkpoint_file_path",
+              str(kept), "--file_format", "AIR", "--file_name", str(out / "air" / "resnet10")]
+    warm, fresh = warm_and_fresh(monkeypatch, export, out)
+    assert warm[0] == 2, warm[1]
+    assert_same(warm, fresh)
+
+
+PROGRAMS = {
+    # an uncaught KeyboardInterrupt: traceback, exit handlers, then death by SIGINT
+    "interrupted": ("import atexit\natexit.register(print, 'exit handler ran')\nraise KeyboardInterrupt('stop')\n", -2),
+    # warnings: shown once per place, a DeprecationWarning in __main__, one from a preloaded module
+    "warns": ("import warnings\nimport numpy as np\n"
+              "def warn():\n    warnings.warn('once per place')\n"
+              "warn()\nwarn()\nwarnings.warn('old', DeprecationWarning)\nnp.mean([])\n", 0),
+    # a process it starts outlives it, and writes after it ended
+    "leaves a process": ("import subprocess, sys\n"
+                         "subprocess.Popen(['sh', '-c', 'sleep 0.5; echo grandchild >&2; echo late > late.txt'])\n"
+                         "print('child ends', file=sys.stderr)\n", 0),
+}
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_programs_run_warm_as_fresh(monkeypatch, tmp_path, name):
+    program, returncode = PROGRAMS[name]
+    folder = tmp_path / "cwd"
+    warm, fresh = warm_and_fresh(monkeypatch, [PYTHON, "-c", program], folder, cwd=folder)
+    assert warm[0] == returncode, warm[1]
+    assert_same(warm, fresh)
+
+
+# What a program sees of its interpreter, printed as JSON (then its exit), and two draws of the
+# global generators (taken out before the comparison: they must differ from run to run).
+PROBE = """import json, os, random, sys
+import numpy as np
+try:
+    import src
+    found = src.__file__
+except ImportError as error:
+    found = repr(error)
+print(json.dumps({"path": sys.path, "argv": sys.argv, "orig_argv": sys.orig_argv, "main": sorted(globals()),
+                  "name": __name__, "file": globals().get("__file__"), "cwd": os.getcwd(), "src": found,
+                  "spec": __spec__ and [__spec__.name, __spec__.origin],
+                  "draws": [random.random(), np.random.random()]}))
+"""
+
+
+def test_interpreter_state_and_generators_are_fresh(monkeypatch, tmp_path):
+    """sys.path, argv, __main__ and whether the repository's `src` is found, for -c in the
+    repository and outside it, -m outside it and a script outside it run through a symbolic link
+    (sys.path[0] is its real folder); SystemExit with a message and a code; a script that is not
+    there. Every warm run draws other numbers."""
+    folder = tmp_path / "cwd"
+    real = tmp_path / "real"
+
+    def prepare():
+        real.mkdir(exist_ok=True)
+        (real / "probe.py").write_text(PROBE + "sys.exit(3)\n")
+        (real / "probe_module.py").write_text(PROBE)
+        link = folder / "link"
+        link.mkdir()
+        (link / "probe.py").symlink_to(real / "probe.py")
+
+    cases = [([PYTHON, "-c", PROBE + "sys.exit('the probe ends')", "an", "argument"], REPO, 1),
+             ([PYTHON, "-c", PROBE], folder, 0),
+             ([PYTHON, "-m", "probe_module", "--flag"], real, 0),
+             ([PYTHON, str(folder / "link" / "probe.py"), "x"], folder, 3),
+             ([PYTHON, str(folder / "missing.py")], folder, 2)]
+    draws = []
+    for args, cwd, returncode in cases:
+        warm, fresh = warm_and_fresh(monkeypatch, args, folder, cwd=cwd, prepare=prepare)
+        assert warm[0] == returncode, warm[1]
+        if warm[2]:
+            seen = [json.loads(line) for line in (warm[2][0], fresh[2][0])]
+            draws.append(seen[0].pop("draws"))
+            seen[1].pop("draws")
+            warm, fresh = (*warm[:2], [seen[0]], warm[3]), (*fresh[:2], [seen[1]], fresh[3])
+        assert_same(warm, fresh)
+    assert len({draw for pair in draws for draw in pair}) == 2 * len(draws)
