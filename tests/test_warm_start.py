@@ -113,6 +113,13 @@ def test_entry_points_run_warm_as_fresh(monkeypatch, tmp_path, cifar_dir):
     assert_same(warm, fresh)
 
 
+# A process left behind: it writes once the program that started it (pid in argv) has ended.
+ORPHAN = """import os, sys, time
+while os.getppid() == int(sys.argv[1]):
+    time.sleep(0.02)
+print("orphan", file=sys.stderr)
+open("late.txt", "w").close()
+"""
 PROGRAMS = {
     # an uncaught KeyboardInterrupt: traceback, exit handlers, then death by SIGINT
     "interrupted": ("import atexit\natexit.register(print, 'exit handler ran')\nraise KeyboardInterrupt('stop')\n", -2),
@@ -120,9 +127,9 @@ PROGRAMS = {
     "warns": ("import warnings\nimport numpy as np\n"
               "def warn():\n    warnings.warn('once per place')\n"
               "warn()\nwarn()\nwarnings.warn('old', DeprecationWarning)\nnp.mean([])\n", 0),
-    # a process it starts outlives it, and writes after it ended
-    "leaves a process": ("import subprocess, sys\n"
-                         "subprocess.Popen(['sh', '-c', 'sleep 0.5; echo grandchild >&2; echo late > late.txt'])\n"
+    # a process it starts outlives it: writes to stderr and a file once it has been orphaned
+    "leaves a process": ("import os, subprocess, sys\n"
+                         f"subprocess.Popen([sys.executable, '-S', '-c', {ORPHAN!r}, str(os.getpid())])\n"
                          "print('child ends', file=sys.stderr)\n", 0),
 }
 
