@@ -7,8 +7,8 @@ subprocess.run(capture_output=True) with stdin from /dev/null (what pytest's cap
 - sys.path: the first entry a fresh interpreter would put (the script's real directory, the working
   directory for -m, "" for -c), then the interpreter's own entries (this process's, without the
   tests/ folder it was started from and the repository preload() added). A preloaded module of the
-  repository (`src`) that the fresh run would not import from the same file (a script or -c outside
-  the repository) is dropped from sys.modules, to be imported again or not found, as fresh; a
+  repository (`src`) that the fresh run would not import from the same file (a script, -m or -c
+  outside the repository) is dropped from sys.modules, to be imported again or not found, as fresh; a
   preloaded library that the run's first sys.path entry would shadow refuses the warm start;
 - a fresh `__main__` module, the script compiled from its absolute path as Python's, -m through
   runpy._run_module_as_main as `python -m` calls it;
@@ -26,13 +26,17 @@ would stop it, and starts again in the child on its first threaded call).
 
 What is left to a fresh interpreter: conftest.run starts a real `python` wherever the environment
 differs in what is read as the interpreter or a library loads (WARM_UNSAFE_PREFIXES), and for
-anything that is not a Python script, `-m` module or `-c` program. The one difference left is
-Python's string hash seed, fixed at start: the children of one warm process share it (their
-process's own is as random as a fresh one's), so sets of strings iterate in the same order in two
-runs of one test on one worker, where two fresh runs may differ. A test comparing two runs could
-miss an output that depends on that order, never fail for it; the repository's rule (every random
-choice is a pure function of seed, epoch and index) leaves none, and RESNET_TESTS_COLD=1 runs each
-run with its own seed. A run that sets PYTHONHASHSEED itself is fresh (the PYTHON prefix).
+anything that is not a Python script, `-m` module or `-c` program.
+
+The one difference left is Python's string hash seed, fixed as an interpreter starts. It decides
+hash() of str, bytes and datetime objects, and so the order in which a set of them iterates (dicts
+keep insertion order). One run cannot tell it from a fresh one's: the warm process draws its own at
+random, as a fresh interpreter does. The runs of one warm process share it, so two runs of one test
+on one worker iterate such sets in the same order where two fresh runs may not: a test comparing
+two runs could pass warm where fresh runs would show an output that depends on that order, and
+cannot fail for it. The repository's rule (every random choice is a pure function of seed, epoch and
+index) allows no such output, and RESNET_TESTS_COLD=1 gives every run its own seed. A run that sets
+PYTHONHASHSEED is fresh (the PYTHON prefix).
 
 Protocol, JSON lines over two pipes (the file descriptors in argv): this process says {ready,
 printed} (what preload() printed) once; a request {argv, cwd, env, stdout, stderr} (two FIFOs the
