@@ -140,8 +140,7 @@ std::unique_ptr<Plan> weight_gradient_product(const memory::dims &x_dims, const 
         if (!inside) product.set_data_handle(slots[dw]);
         std::unordered_map<int, memory> args{{DNNL_ARG_SRC, gradient}, {DNNL_ARG_WEIGHTS, patches},
                                              {DNNL_ARG_DST, product}};
-        if (const size_t bytes = self->scratchpad.get_size())
-            args[DNNL_ARG_SCRATCHPAD] = memory(self->scratchpad, s.engine, scratchpad_of(s, bytes));
+        bind_scratchpad(*self, args);
         self->primitive.execute(s.stream, args);
         if (inside) {
             s.stream.wait();
@@ -329,12 +328,12 @@ std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
     if (call.kind == kConvForward) {
         x = dims_of(shapes[conv_forward::x], 4), w = dims_of(shapes[conv_forward::w], 4);
         y = dims_of(shapes[conv_forward::y], 4), x_slot = conv_forward::x, y_slot = conv_forward::y;
-        matrix_elements = element_count(call.ndims[conv_forward::matrix], shapes[conv_forward::matrix]);
+        matrix_elements = call.elements(conv_forward::matrix);
     } else if (call.kind == kConvBackwardData) {
         x = dims_of(shapes[conv_backward_data::x_shape], 4), w = dims_of(shapes[conv_backward_data::w], 4);
         y = dims_of(shapes[conv_backward_data::dy], 4);
         x_slot = conv_backward_data::dx, y_slot = conv_backward_data::dy;
-        matrix_elements = element_count(call.ndims[conv_backward_data::matrix], shapes[conv_backward_data::matrix]);
+        matrix_elements = call.elements(conv_backward_data::matrix);
     } else {
         x = dims_of(shapes[conv_backward_weights::x], 4), w = dims_of(shapes[conv_backward_weights::w_shape], 4);
         y = dims_of(shapes[conv_backward_weights::dy], 4);

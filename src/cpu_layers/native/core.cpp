@@ -41,19 +41,21 @@ State &state() {
     return *instance;
 }
 
-// A shared buffer of the state, at least `bytes` long (64-byte aligned, as oneDNN prefers).
+// A buffer of aligned_size(bytes), 64-byte aligned as oneDNN prefers; std::bad_alloc where there is none.
+std::unique_ptr<uint8_t, FreeDeleter> aligned_buffer(size_t bytes) {
+    std::unique_ptr<uint8_t, FreeDeleter> buffer(static_cast<uint8_t *>(std::aligned_alloc(64, aligned_size(bytes))));
+    if (!buffer) throw std::bad_alloc();
+    return buffer;
+}
+
+// A shared buffer of the state, at least `bytes` long.
 void *grown(std::unique_ptr<uint8_t, FreeDeleter> &buffer, size_t &size, size_t bytes) {
     if (bytes > size) {
-        const size_t rounded = (bytes + 63) / 64 * 64;
-        void *larger = std::aligned_alloc(64, rounded);
-        if (!larger) throw std::bad_alloc();
-        buffer.reset(static_cast<uint8_t *>(larger));
-        size = rounded;
+        buffer = aligned_buffer(bytes);
+        size = aligned_size(bytes);
     }
     return buffer.get();
 }
-
-void *scratchpad_of(State &s, size_t bytes) { return grown(s.scratchpad, s.scratchpad_bytes, bytes); }
 
 // An activation as a kernel's parameters say it is laid out: plain NCHW, or blocked in the layout
 // this CPU's convolutions choose for its type (nChw16c for float32 on AVX-512, nChw8c on AVX2, NHWC
@@ -134,24 +136,13 @@ Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, c
     return result;
 }
 
-namespace {
-
-// The weights of an inference forward in the primitive's layout: reordered into a buffer of their own
-// unless that buffer holds them already, reordered under the frozen version in force.
-memory kept_reorder(Operand &o, void *handle) {
-    auto &s = state();
-    auto found = o.kept.find(handle);
-    if (found == o.kept.end())
-        found = o.kept.emplace(handle, std::make_pair(memory(o.inner.get_desc(), s.engine), uint64_t{0})).first;
-    auto &[buffer, version] = found->second;
-    if (g_frozen_version == 0 || version != g_frozen_version) {
-        o.reorder.execute(s.stream, o.user, buffer);
-        version = g_frozen_version;
+// The shared scratchpad, grown to what `plan`'s primitive asks, among its arguments (where it asks).
+void bind_scratchpad(const Plan &plan, std::unordered_map<int, memory> &args) {
+    if (const size_t bytes = plan.scratchpad.get_size()) {
+        auto &s = state();
+        args[DNNL_ARG_SCRATCHPAD] = memory(plan.scratchpad, s.engine, grown(s.scratchpad, s.scratchpad_bytes, bytes));
     }
-    return buffer;
 }
-
-}  // namespace
 
 void execute(Plan &plan, void **slots) {
     if (plan.steps) {
@@ -161,16 +152,16 @@ void execute(Plan &plan, void **slots) {
     auto &s = state();
     if (plan.prelude) execute(*plan.prelude, slots);
     std::unordered_map<int, memory> args = plan.owned;
-    if (const size_t bytes = plan.scratchpad.get_size())
-        args[DNNL_ARG_SCRATCHPAD] = memory(plan.scratchpad, s.engine, scratchpad_of(s, bytes));
+    bind_scratchpad(plan, args);
     for (auto &o : plan.operands) {
         o.user.set_data_handle(slots[o.slot]);
         if (o.zeroed_bytes && !o.copies_blocks) {
             Timed timed(kZeroedGradients);
             std::memset(slots[o.slot], 0, o.zeroed_bytes);
         }
-        if (o.keeps_reorders) {
-            args[o.arg] = kept_reorder(o, slots[o.slot]);
+        if (o.keeps_reorders) {  // the weights of an inference forward, reordered once per frozen version
+            args[o.arg] = kept_buffer(o, slots[o.slot], o.inner.get_desc(),
+                                      [&](memory &buffer) { o.reorder.execute(s.stream, o.user, buffer); });
             continue;
         }
         if (o.reorders && !o.output) o.reorder.execute(s.stream, o.user, o.inner);
@@ -341,7 +332,7 @@ Plan &cached_plan(State &s, const std::string &key, Make make) {
 
 int plan_threads(const Family &family, const KernelCall &call) {
     const bool small = family.macs ? family.macs(call) < kOneThreadMacs
-                                   : element_count(call.ndims[0], call.shapes[0]) < kOneThreadElements;
+                                   : call.elements(0) < kOneThreadElements;
     return small ? 1 : kernel_threads();
 }
 
@@ -351,8 +342,7 @@ void run_plan(State &s, const KernelInfo &k, const KernelCall &call) {
     const Family &family = *k.family;
     use_threads(plan_threads(family, call));
     if (family.before) family.before(call);
-    const int64_t workspace_bytes =
-        k.workspace_slot >= 0 ? element_count(call.ndims[k.workspace_slot], call.shapes[k.workspace_slot]) : 0;
+    const int64_t workspace_bytes = k.workspace_slot >= 0 ? call.elements(k.workspace_slot) : 0;
     const std::string key = key_of(call.kind, call.nparam, call.ndims, call.shapes, call.dtypes, call.record,
                                    k.params_size);
     auto &plan = cached_plan(s, key, [&] { return family.make_plan(call, workspace_bytes); });

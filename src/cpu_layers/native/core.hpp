@@ -279,6 +279,9 @@ inline void use_threads(int threads = 0) { omp_set_num_threads(threads > 0 ? thr
 
 inline memory::dims dims_of(const int64_t *shape, int n) { return memory::dims(shape, shape + n); }
 
+// Whole 64-byte lines for `bytes` (aligned_buffer's size).
+inline size_t aligned_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
 inline int64_t element_count(int ndims, const int64_t *shape) {
     int64_t count = 1;
     for (int d = 0; d < ndims; ++d) count *= shape[d];
@@ -337,6 +340,8 @@ struct KernelCall {
     int64_t **shapes;
     const char **dtypes;
     const void *record;
+
+    int64_t elements(int slot) const { return element_count(ndims[slot], shapes[slot]); }
 };
 
 // What a family of plan kernels gives call_kernel (core.cpp); each family's file defines its own.
@@ -385,16 +390,33 @@ struct KernelInfo {
 // Defined in core.cpp: the state, its buffers and layouts, the operands and how a plan runs, the
 // kernels' checks, errors and plan cache.
 State &state();
+std::unique_ptr<uint8_t, FreeDeleter> aligned_buffer(size_t bytes);
 void *grown(std::unique_ptr<uint8_t, FreeDeleter> &buffer, size_t &size, size_t bytes);
-void *scratchpad_of(State &s, size_t bytes);
 memory::desc activation(const memory::dims &shape, dt type, bool blocked);
 Operand operand(int arg, int slot, bool output, const memory::desc &user_desc, const memory::desc &wanted,
                 size_t zeroed_bytes = 0);
+void bind_scratchpad(const Plan &plan, std::unordered_map<int, memory> &args);
 void execute(Plan &plan, void **slots);
 const KernelInfo &info(Kind kind);
 int call_kernel(Kind kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
 void drop_kept_reorders(State &s);
 int64_t kept_reorder_bytes(State &s);  // the inference forwards' kept weight reorders
+
+// What an inference forward keeps for the weights at `handle` (in the weights operand's `kept`: their
+// reorder, or a dense layer's matrix): a buffer of `desc`, `fill`ed again unless it was filled under
+// the frozen version in force (see FreezeWeights).
+template <typename Fill>
+memory kept_buffer(Operand &o, void *handle, const memory::desc &desc, Fill fill) {
+    auto found = o.kept.find(handle);
+    if (found == o.kept.end())
+        found = o.kept.emplace(handle, std::make_pair(memory(desc, state().engine), uint64_t{0})).first;
+    auto &[buffer, version] = found->second;
+    if (g_frozen_version == 0 || version != g_frozen_version) {
+        fill(buffer);
+        version = g_frozen_version;
+    }
+    return buffer;
+}
 
 // convolution.cpp
 void same_padding(ConvParams &p, const memory::dims &x, const memory::dims &w);

@@ -202,24 +202,15 @@ struct DenseSteps {
         auto &s = state();
         const int weights = sides.layer.slot;
         if (itself) return static_cast<float *>(slots[weights]);
+        const auto *w = static_cast<const float *>(slots[weights]);
         if (keeps && g_frozen_version != 0) {
-            auto &kept = plan->operands.front().kept;
-            auto found = kept.find(slots[weights]);
-            if (found == kept.end()) {
-                auto matrix = std::make_pair(memory(sides.layer.desc, s.engine), uint64_t{0});
-                found = kept.emplace(slots[weights], std::move(matrix)).first;
-            }
-            auto &[matrix, version] = found->second;
-            float *dense = static_cast<float *>(matrix.get_data_handle());
-            if (version != g_frozen_version) {
-                spread_weights(d, static_cast<const float *>(slots[weights]), dense);
-                version = g_frozen_version;
-            }
-            return dense;
+            auto spread = [&](memory &kept) { spread_weights(d, w, static_cast<float *>(kept.get_data_handle())); };
+            return static_cast<float *>(
+                kept_buffer(plan->operands.front(), slots[weights], sides.layer.desc, spread).get_data_handle());
         }
         const size_t bytes = d.rows() * d.columns() * sizeof(float);
         float *dense = static_cast<float *>(in_slot ? slots[matrix_slot] : grown(s.dense, s.dense_bytes, bytes));
-        if (!gradient && !given) spread_weights(d, static_cast<const float *>(slots[weights]), dense);
+        if (!gradient && !given) spread_weights(d, w, dense);
         return dense;
     }
 
@@ -229,8 +220,7 @@ struct DenseSteps {
         std::unordered_map<int, memory> args{{sides.x.arg, memory(sides.x.desc, s.engine, slots[sides.x.slot])},
                                              {sides.y.arg, memory(sides.y.desc, s.engine, slots[sides.y.slot])},
                                              {sides.layer.arg, memory(sides.layer.desc, s.engine, dense)}};
-        if (const size_t bytes = plan->scratchpad.get_size())
-            args[DNNL_ARG_SCRATCHPAD] = memory(plan->scratchpad, s.engine, scratchpad_of(s, bytes));
+        bind_scratchpad(*plan, args);
         plan->primitive.execute(s.stream, args);
         if (gradient && !itself) {
             s.stream.wait();

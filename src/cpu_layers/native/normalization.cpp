@@ -211,7 +211,7 @@ std::string record_problem(const KernelCall &call) {
         return "a forked normalization ends a block (activation 2, add_relu) on float32 tensors";
     const int residual = is_norm_forward(kind) ? int(norm_forward::residual) : int(norm_backward::residual);
     if (p.activation == 2.f &&
-        (element_count(call.ndims[residual], call.shapes[residual]) != element_count(4, call.shapes[0]) ||
+        (call.elements(residual) != element_count(4, call.shapes[0]) ||
          std::strcmp(call.dtypes[residual], call.dtypes[0]) != 0))
         return "the residual added after the normalization is not of its input's shape and type";
     return "";

@@ -85,16 +85,13 @@ bool own_loops_use_avx512() { return g_isa != dnnl::cpu_isa::avx2 && __builtin_c
 // was applied, 0.0 when a gradient was not finite and nothing moved.
 std::string momentum_step(const KernelCall &call) {
     const int nparam = call.nparam, n = (nparam - 5) / 3;
-    int *ndims = call.ndims;
-    int64_t **shapes = call.shapes;
     void **params = call.params;
-    bool ok = element_count(ndims[3], shapes[3]) == n && element_count(ndims[nparam - 1], shapes[nparam - 1]) == 1;
-    for (int slot = 0; ok && slot < 3; ++slot) ok = element_count(ndims[slot], shapes[slot]) == 1;
+    bool ok = call.elements(3) == n && call.elements(nparam - 1) == 1;
+    for (int slot = 0; ok && slot < 3; ++slot) ok = call.elements(slot) == 1;
     std::vector<int64_t> counts(ok ? n : 0);
     for (int i = 0; ok && i < n; ++i) {
-        counts[i] = element_count(ndims[4 + i], shapes[4 + i]);
-        ok = counts[i] == element_count(ndims[4 + n + i], shapes[4 + n + i]) &&
-             counts[i] == element_count(ndims[4 + 2 * n + i], shapes[4 + 2 * n + i]);
+        counts[i] = call.elements(4 + i);
+        ok = counts[i] == call.elements(4 + n + i) && counts[i] == call.elements(4 + 2 * n + i);
     }
     if (!ok)
         return "takes float32 factor, lr, momentum, n decays, n gradients, n weights and n moments of their shapes, "

@@ -5,12 +5,10 @@ namespace resnet_conv {
 
 namespace {
 
-// A buffer for the probes below, 64-byte aligned and zeroed.
+// A buffer for the probes below, zeroed.
 std::unique_ptr<uint8_t, FreeDeleter> zeroed(size_t bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    std::unique_ptr<uint8_t, FreeDeleter> buffer(static_cast<uint8_t *>(std::aligned_alloc(64, rounded)));
-    if (!buffer) throw std::bad_alloc();
-    std::memset(buffer.get(), 0, rounded);
+    auto buffer = aligned_buffer(bytes);
+    std::memset(buffer.get(), 0, aligned_size(bytes));
     return buffer;
 }
 

@@ -90,10 +90,9 @@ template <typename Each>
 std::string each_quantized(const KernelCall &call, int params_slot, Each each) {
     int *ndims = call.ndims;
     int64_t **shapes = call.shapes;
-    const int64_t count = element_count(ndims[0], shapes[0]);
-    const int64_t ranges = element_count(ndims[1], shapes[1]);
-    bool ok = ranges == element_count(ndims[2], shapes[2]) && ranges > 0;
-    for (int i = params_slot + 1; ok && i < call.nparam; ++i) ok = element_count(ndims[i], shapes[i]) == count;
+    const int64_t count = call.elements(0), ranges = call.elements(1);
+    bool ok = ranges == call.elements(2) && ranges > 0;
+    for (int i = params_slot + 1; ok && i < call.nparam; ++i) ok = call.elements(i) == count;
     const QuantParams p = *static_cast<const QuantParams *>(call.record);
     const int axis = static_cast<int>(p.channel_axis);
     ok = ok && (axis < 0 ? ranges == 1 : axis < ndims[0] && shapes[0][axis] == ranges);
@@ -177,11 +176,11 @@ bool lsq_call(bool backward, const KernelCall &call, LsqCall *out) {
     const int params_slot = backward ? int(lsq_grad::params) : int(lsq::params), nparam = call.nparam;
     int *ndims = call.ndims;
     int64_t **shapes = call.shapes;
-    out->count = element_count(ndims[0], shapes[0]);
-    out->alphas = element_count(ndims[1], shapes[1]);
-    bool ok = element_count(ndims[2], shapes[2]) == 1 && out->alphas > 0;
+    out->count = call.elements(0);
+    out->alphas = call.elements(1);
+    bool ok = call.elements(2) == 1 && out->alphas > 0;
     for (int i = params_slot + 1; ok && i < nparam; ++i)
-        ok = element_count(ndims[i], shapes[i]) == (backward && i == nparam - 1 ? out->alphas : out->count);
+        ok = call.elements(i) == (backward && i == nparam - 1 ? out->alphas : out->count);
     if (!ok) return false;
     out->p = *static_cast<const LsqParams *>(call.record);
     out->quant_max = *static_cast<const float *>(call.params[2]);
