@@ -267,7 +267,8 @@ std::unique_ptr<Plan> conv_plan(Kind kind, const memory::dims &x_dims, const mem
                                 const memory::dims &y_dims, const ConvParams &p, dt x_type, dt y_type,
                                 int64_t matrix_elements) {
     const ConvGeometry g = conv_geometry(x_dims, w_dims, y_dims, p);
-    const auto x_user = activation(x_dims, x_type, p.layout & 1), y_user = activation(y_dims, y_type, p.layout & 2);
+    const auto x_user = activation(x_dims, x_type, p.layout & kInputBlocked);
+    const auto y_user = activation(y_dims, y_type, p.layout & kOutputBlocked);
     if (as_dense_layer(x_dims, w_dims, y_dims, p, x_type, y_type))
         return dense_plan(kind, x_dims, w_dims, y_dims, p, x_user, y_user, matrix_elements);
     if (kind == kConvBackwardWeights && weight_gradient_as_product(y_dims, p, x_type, y_type))
@@ -312,7 +313,8 @@ namespace {
 std::string record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const ConvParams *>(call.record);
     if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1 || p.groups < 1 ||
-        (p.bf16 != 0 && p.bf16 != 1) || p.layout < 0 || p.layout > 3 || (p.inference != 0 && p.inference != 1))
+        (p.bf16 != 0 && p.bf16 != 1) || (p.layout & ~(kInputBlocked | kOutputBlocked)) != 0 ||
+        (p.inference != 0 && p.inference != 1))
         return "the convolution's parameter record is out of range (stride, dilation and groups >= 1, bf16 0 or "
                "1, layout 0-3, inference 0 or 1)";
     return "";

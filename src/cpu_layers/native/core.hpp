@@ -68,9 +68,9 @@ using dt = dnnl::memory::data_type;
 // against these (RecordFields, KernelSlots) when the library loads, so a field moved on either side is refused.
 //
 // ConvParams (int32): the stride, the padding (pad_top < 0: 'same'), the dilation, the groups, bf16
-// (1: compute in bfloat16), layout (bit 0: the input (x, dx) is blocked; bit 1: the output (y, dy)), and
-// inference (1: an evaluation's forward, which keeps the weights' reorder while they are frozen, see
-// FreezeWeights).
+// (1: compute in bfloat16), layout (LayoutBits: kInputBlocked, the input (x, dx) is blocked;
+// kOutputBlocked, the output (y, dy)), and inference (1: an evaluation's forward, which keeps the
+// weights' reorder while they are frozen, see FreezeWeights).
 #define CONV_PARAMS(F) \
     F(stride_h) F(stride_w) F(pad_top) F(pad_bottom) F(pad_left) F(pad_right) F(dilation_h) F(dilation_w) F(groups) \
     F(bf16) F(layout) F(inference)
@@ -78,11 +78,12 @@ using dt = dnnl::memory::data_type;
 // momentum: with batch statistics and momentum > 0 the forward moves the given statistics (slots
 // mean and variance) in place, moving = (1 - momentum) * moving + momentum * batch (the variance
 // unbiased), as MindSpore's BatchNorm does (the Python op declares those inputs written);
-// activation: what follows the normalization in the same kernel, 0 none, 1 a ResNet block's ReLU
-// (oneDNN's fuse_norm_relu: the forward writes a workspace of which elements passed, the backward
-// reads it), 2 its residual addition and ReLU (oneDNN 3.2's CPU normalizations do not fuse the
-// addition: oneDNN's binary addition with a ReLU after the forward, and its ReLU backward on the
-// output before the backward, which masks dy and is the residual's gradient).
+// activation (Activation): what follows the normalization in the same kernel, 0 none (kNone), 1 a
+// ResNet block's ReLU (kRelu; oneDNN's fuse_norm_relu: the forward writes a workspace of which
+// elements passed, the backward reads it), 2 its residual addition and ReLU (kAddRelu; oneDNN 3.2's
+// CPU normalizations do not fuse the addition: oneDNN's binary addition with a ReLU after the
+// forward, and its ReLU backward on the output before the backward, which masks dy and is the
+// residual's gradient).
 #define NORM_PARAMS(F) F(epsilon) F(global_stats) F(momentum) F(activation)
 // PoolParams (int32): a square max pool's window, stride and padding.
 #define POOL_PARAMS(F) F(kernel) F(stride) F(pad)
@@ -102,6 +103,11 @@ struct NormParams { NORM_PARAMS(FLOAT_FIELD) };
 struct PoolParams { POOL_PARAMS(INT32_FIELD) };
 struct QuantParams { QUANT_PARAMS(FLOAT_FIELD) };
 struct LsqParams { LSQ_PARAMS(FLOAT_FIELD) };
+// ConvParams' layout bits (custom_ops.py's INPUT_BLOCKED, OUTPUT_BLOCKED).
+enum LayoutBits : int32_t { kInputBlocked = 1, kOutputBlocked = 2 };
+// NormParams' activation codes (normalization.py's ACTIVATIONS), which the record holds as floats.
+enum class Activation { kNone = 0, kRelu = 1, kAddRelu = 2 };
+inline bool activation_is(const NormParams &p, Activation code) { return p.activation == static_cast<float>(code); }
 
 // Each kernel's argument slots, inputs then outputs. The normalization kernels' slots are the same
 // whatever the activation: MindSpore compiles every forward of a graph (a Custom op declaring inputs

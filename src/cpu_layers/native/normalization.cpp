@@ -26,7 +26,7 @@ struct NormDescs {
 };
 
 NormDescs norm_descs(const memory::dims &x_dims, const NormParams &p, int64_t workspace_bytes, dt type) {
-    const bool relu = p.activation == 1.f;
+    const bool relu = activation_is(p, Activation::kRelu);
     auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     if (p.global_stats != 0.f) flags = flags | dnnl::normalization_flags::use_global_stats;
     if (relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
@@ -81,14 +81,14 @@ std::unique_ptr<Plan> norm_forward_plan(Kind kind, const NormDescs &n, const Nor
                       operand(DNNL_ARG_MEAN, given ? mean : batch_mean, !given, n.channel, n.channel),
                       operand(DNNL_ARG_VARIANCE, given ? variance : batch_variance, !given, n.channel, n.channel),
                       operand(DNNL_ARG_DST, y, true, n.data, n.forward.dst_desc())};
-    if (p.activation == 1.f) plan->operands.push_back(n.workspace(norm_forward::workspace));
+    if (activation_is(p, Activation::kRelu)) plan->operands.push_back(n.workspace(norm_forward::workspace));
     own_scratchpad(*plan, n.forward);
-    if (p.activation == 2.f && kind == kNormForward) plan->postlude = residual_addition(n);
+    if (activation_is(p, Activation::kAddRelu) && kind == kNormForward) plan->postlude = residual_addition(n);
     return plan;
 }
 
 std::unique_ptr<Plan> norm_backward_plan(Kind kind, const NormDescs &n, const NormParams &p) {
-    const bool add = p.activation == 2.f;
+    const bool add = activation_is(p, Activation::kAddRelu);
     auto backward = dnnl::batch_normalization_backward::primitive_desc(
         state().engine, dnnl::prop_kind::backward, n.data, n.data, n.data, p.epsilon, n.flags, n.forward, n.attr);
     auto plan = std::make_unique<Plan>();
@@ -103,7 +103,7 @@ std::unique_ptr<Plan> norm_backward_plan(Kind kind, const NormDescs &n, const No
                       operand(DNNL_ARG_DIFF_SRC, dx, true, n.data, backward.diff_src_desc()),
                       operand(DNNL_ARG_DIFF_SCALE, dgamma, true, n.channel, n.channel),
                       operand(DNNL_ARG_DIFF_SHIFT, dbeta, true, n.channel, n.channel)};
-    if (p.activation == 1.f) plan->operands.push_back(n.workspace(norm_backward::workspace));
+    if (activation_is(p, Activation::kRelu)) plan->operands.push_back(n.workspace(norm_backward::workspace));
     own_scratchpad(*plan, backward);
     if (add && kind == kNormBackward) plan->prelude = relu_mask(n);
     return plan;
@@ -204,13 +204,14 @@ void move_statistics(void **slots, const int64_t *x, const NormParams &p) {
 std::string record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const NormParams *>(call.record);
     const Kind kind = call.kind;
-    if (p.activation != 0.f && p.activation != 1.f && p.activation != 2.f)
+    if (!activation_is(p, Activation::kNone) && !activation_is(p, Activation::kRelu) &&
+        !activation_is(p, Activation::kAddRelu))
         return "the normalization's activation " + std::to_string(p.activation) + " is not 0, 1 or 2";
     if ((kind == kNormForwardForked || kind == kNormBackwardSummed) &&
-        (p.activation != 2.f || std::strcmp(call.dtypes[0], "float32") != 0))
+        (!activation_is(p, Activation::kAddRelu) || std::strcmp(call.dtypes[0], "float32") != 0))
         return "a forked normalization ends a block (activation 2, add_relu) on float32 tensors";
     const int residual = is_norm_forward(kind) ? int(norm_forward::residual) : int(norm_backward::residual);
-    if (p.activation == 2.f &&
+    if (activation_is(p, Activation::kAddRelu) &&
         (call.elements(residual) != element_count(4, call.shapes[0]) ||
          std::strcmp(call.dtypes[residual], call.dtypes[0]) != 0))
         return "the residual added after the normalization is not of its input's shape and type";
@@ -225,7 +226,7 @@ std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t workspace_bytes)
 
 void before(const KernelCall &call) {
     const auto &p = *static_cast<const NormParams *>(call.record);
-    if (call.kind == kNormBackward && p.activation != 2.f)
+    if (call.kind == kNormBackward && !activation_is(p, Activation::kAddRelu))
         zero_stand_in_gradient(call.params, call.shapes[norm_backward::residual], call.ndims[norm_backward::residual],
                                call.dtypes[norm_backward::residual]);
     if (call.kind == kNormBackwardSummed) masked_sum(call.params, element_count(4, call.shapes[0]));

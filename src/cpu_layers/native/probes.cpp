@@ -26,7 +26,7 @@ double probe_convolution(const memory::dims &x, int64_t out_channels, int64_t ke
     const int64_t pad = kernel / 2, out_size = (x[2] + 2 * pad - kernel) / stride + 1;
     const memory::dims w{out_channels, x[1], kernel, kernel}, y{x[0], out_channels, out_size, out_size};
     const int32_t s32 = static_cast<int32_t>(stride), p32 = static_cast<int32_t>(pad);
-    const ConvParams p{s32, s32, p32, p32, p32, p32, 1, 1, 1, type == dt::bf16, 3, 0};
+    const ConvParams p{s32, s32, p32, p32, p32, p32, 1, 1, 1, type == dt::bf16, kInputBlocked | kOutputBlocked, 0};
     const int64_t bytes = type == dt::bf16 ? 2 : 4;
     auto x_buffer = zeroed(element_count(4, x.data()) * bytes), dx_buffer = zeroed(element_count(4, x.data()) * bytes);
     auto y_buffer = zeroed(element_count(4, y.data()) * bytes), w_buffer = zeroed(element_count(4, w.data()) * 4);
@@ -54,7 +54,7 @@ double probe_convolution(const memory::dims &x, int64_t out_channels, int64_t ke
 // multiply, 32 x 512 x 28 x 28 -> 512 channels), forward only, best of five, in GMAC/s.
 double peak_gmacs(dt type) {
     const memory::dims x{32, 512, 28, 28}, w{512, 512, 1, 1}, y{32, 512, 28, 28};
-    const ConvParams p{1, 1, 0, 0, 0, 0, 1, 1, 1, type == dt::bf16, 3, 0};
+    const ConvParams p{1, 1, 0, 0, 0, 0, 1, 1, 1, type == dt::bf16, kInputBlocked | kOutputBlocked, 0};
     const int64_t bytes = type == dt::bf16 ? 2 : 4;
     auto x_buffer = zeroed(element_count(4, x.data()) * bytes), y_buffer = zeroed(element_count(4, y.data()) * bytes);
     auto w_buffer = zeroed(element_count(4, w.data()) * 4);
