@@ -309,7 +309,7 @@ const char *convolution_path(const int64_t *x, const int64_t *w, const int64_t *
 
 namespace {
 
-// The convolutions' part of run() (core.cpp).
+// The convolutions' part of call_kernel (core.cpp).
 std::string record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const ConvParams *>(call.record);
     if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1 || p.groups < 1 ||

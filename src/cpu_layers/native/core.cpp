@@ -1,6 +1,6 @@
 // The library's core (see core.hpp): the state, its buffers and the layouts this CPU's convolutions
-// choose, a kernel's operands and how its plan runs, and the kernels' argument checks, error text and
-// plan cache.
+// choose, a kernel's operands and how its plan runs, the kernel table, the plan cache, and the one way
+// into every kernel (call_kernel: its lock, the table's checks, the error text).
 #include "core.hpp"
 
 namespace resnet_conv {

@@ -27,7 +27,7 @@ std::unique_ptr<Plan> sum_plan(int64_t count, dt type) {
                                            operand(DNNL_ARG_DST, sum_slots::y, true, elements, elements)});
 }
 
-// The reorders' and the sum's part of run() (core.cpp).
+// The reorders' and the sum's part of call_kernel (core.cpp).
 std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
     if (call.kind == kSum) return sum_plan(call.elements(0), data_type(call.dtypes[0]));
     return reorder_plan(call.kind, dims_of(call.shapes[0], 4), data_type(call.dtypes[0]), data_type(call.dtypes[1]));

@@ -200,7 +200,7 @@ void move_statistics(void **slots, const int64_t *x, const NormParams &p) {
     }
 }
 
-// The normalizations' part of run() (core.cpp).
+// The normalizations' part of call_kernel (core.cpp).
 std::string record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const NormParams *>(call.record);
     const Kind kind = call.kind;

@@ -43,7 +43,7 @@ std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::
     return plan;
 }
 
-// Max pooling's part of run() (core.cpp).
+// Max pooling's part of call_kernel (core.cpp).
 std::string record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const PoolParams *>(call.record);
     const bool in_range = p.kernel >= 1 && p.stride >= 1 && p.pad >= 0 && p.pad < p.kernel;
