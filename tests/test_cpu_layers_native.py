@@ -111,13 +111,17 @@ def test_every_kernel_refuses_arguments_the_kernel_table_does_not_allow_in_one_l
 def exception_outcome() -> dict:
     """A kernel of the library's own loops made to throw: FakeQuant told that x and its ranges along
     axis 0 hold 2^60 elements (the buffers hold 4), so the vector of ranges it makes first cannot be
-    that long; then a good call."""
+    that long; then a good call; then a function of the Python side's that throws (a probe of stride 0)."""
     huge = 1 << 60
     x, one = np.zeros(4, np.float32), np.zeros(1, np.float32)
     params = np.array(record("QuantParams", quant_min=-128, quant_max=127, symmetric=0, channel_axis=0), np.float32)
     thrown = kernel_call("FakeQuant", [x, x, x, params, x], shapes=[[huge], [huge], [huge], [4], [huge]])
     finite = kernel_call("AllFinite", [x, one])
-    return {"thrown": thrown, "after": [finite[0], float(one[0])]}
+    try:
+        probe = str(library.probe_convolution_ms(1, 16, 8, 16, 3, 0, bf16=False))
+    except RuntimeError as error:
+        probe = str(error)
+    return {"thrown": thrown, "after": [finite[0], float(one[0])], "probe": probe}
 
 
 def test_an_exception_inside_a_kernel_is_one_line_and_a_failed_call_not_an_abort():
@@ -127,6 +131,7 @@ def test_an_exception_inside_a_kernel_is_one_line_and_a_failed_call_not_an_abort
     assert code == 1 and message.startswith(f"FakeQuant(x float32[{1 << 60}], low float32[{1 << 60}]"), message
     assert "\n" not in message and message.split("): ", 1)[1]  # what the exception said
     assert outcome["after"] == [0, 1.0]  # the lock was released
+    assert outcome["probe"] == "ProbeConvolution: a probe's sizes, kernel and stride are 1 or more"
 
 
 def convolution_pair(cin: int, cout: int, **kwargs):

@@ -120,6 +120,14 @@ def take_error() -> str:
     return load_library().TakeError().decode()
 
 
+def _unless_failed(value, failed):
+    """`value`, or RuntimeError with the library's message where it is `failed`: the library caught
+    what its function threw (at its C edge, where nothing may be thrown) and returned that value."""
+    if value == failed:
+        raise RuntimeError(take_error())
+    return value
+
+
 def cap_isa(name: str) -> None:
     """Cap the library's oneDNN at `name` (one of ISAS), as a CPU without the instructions above it
     would run; only before its first kernel (tests and the benchmark's capped rows)."""
@@ -151,12 +159,12 @@ def freeze_weights() -> int:
     reorders its weights on its first inference call and reuses that reorder until `thaw_weights`,
     the next `freeze_weights` (weights loaded in between are reordered again) or the next training
     step, which thaws them itself. Returns the frozen version."""
-    return load_library().FreezeWeights()
+    return _unless_failed(load_library().FreezeWeights(), 0)
 
 
 def thaw_weights() -> None:
     """Inference reorders the weights on every call again (weights may change between calls)."""
-    load_library().ThawWeights()
+    _unless_failed(load_library().ThawWeights(), 1)
 
 
 def frozen_version() -> int:
@@ -170,7 +178,7 @@ def own_loop_seconds() -> Dict[str, float]:
     library = load_library()
     names = _names(library.OwnLoopNames())
     seconds = (ctypes.c_double * len(names))()
-    library.OwnLoopSeconds(seconds, len(names))
+    _unless_failed(library.OwnLoopSeconds(seconds, len(names)), -1)
     return dict(zip(names, seconds))
 
 
@@ -181,7 +189,8 @@ def weight_matrix_elements(x: Sequence[int], w: Sequence[int], y: Sequence[int],
     matrix is the weights), the kernel's taps that meet the image where the image lies inside the
     kernel at smaller batches (3x3 layers of 1x1 maps), else 0."""
     shape = ctypes.c_int64 * 4
-    return load_library().WeightMatrixElements(shape(*x), shape(*w), shape(*y), (ctypes.c_int32 * len(params))(*params))
+    record = (ctypes.c_int32 * len(params))(*params)
+    return _unless_failed(load_library().WeightMatrixElements(shape(*x), shape(*w), shape(*y), record), -1)
 
 
 def convolution_path(x: Sequence[int], w: Sequence[int], y: Sequence[int], params: Sequence[int]) -> str:
@@ -192,43 +201,38 @@ def convolution_path(x: Sequence[int], w: Sequence[int], y: Sequence[int], param
     that meet the image, convolved) or "convolution"."""
     shape = ctypes.c_int64 * 4
     record = (ctypes.c_int32 * len(params))(*params)
-    return load_library().ConvolutionPath(shape(*x), shape(*w), shape(*y), record).decode()
+    return _unless_failed(load_library().ConvolutionPath(shape(*x), shape(*w), shape(*y), record).decode(), "")
 
 
 def plan_count() -> int:
     """Primitive plans the library holds now."""
-    return load_library().PlanCount()
+    return _unless_failed(load_library().PlanCount(), -1)
 
 
 def set_plan_limit(limit: int) -> int:
     """Keep at most `limit` plans (the least recently used go first); returns the limit in force."""
-    return load_library().SetPlanLimit(int(limit))
+    return _unless_failed(load_library().SetPlanLimit(int(limit)), -1)
 
 
 def scratchpad_bytes() -> int:
     """The size of the scratchpad every kernel shares."""
-    return load_library().ScratchpadBytes()
+    return _unless_failed(load_library().ScratchpadBytes(), -1)
 
 
 def kept_reorder_bytes() -> int:
     """Bytes of the weight reorders evaluations keep (freeze_weights); freezing and thawing drop them."""
-    return load_library().KeptReorderBytes()
+    return _unless_failed(load_library().KeptReorderBytes(), -1)
 
 
 def probe_convolution_ms(batch: int, channels: int, size: int, out_channels: int, kernel: int, stride: int, *,
                          bf16: bool, repeats: int = 2) -> float:
     """Milliseconds for one convolution's forward and both backwards on blocked tensors (best of
     `repeats` after a warm-up), in float32 or bfloat16."""
-    ms = load_library().ProbeConvolution(batch, channels, size, out_channels, kernel, stride, int(bf16), repeats)
-    if ms < 0:
-        raise RuntimeError(take_error())
-    return ms
+    return _unless_failed(
+        load_library().ProbeConvolution(batch, channels, size, out_channels, kernel, stride, int(bf16), repeats), -1)
 
 
 def peak_gmacs(bf16: bool) -> float:
     """This CPU's practical multiply-accumulate rate (GMAC/s) in float32 or bfloat16: a large 1x1
     convolution through the library's oneDNN."""
-    rate = load_library().PeakGmacs(int(bf16))
-    if rate < 0:
-        raise RuntimeError(take_error())
-    return rate
+    return _unless_failed(load_library().PeakGmacs(int(bf16)), -1)

@@ -22,6 +22,29 @@ const char *record_fields(const char *record) {
     return "";
 }
 
+// A function of the Python side's, run as call_kernel runs a kernel: under the state's lock, what it
+// throws (which across the C ABI would end the process) becomes TakeError's message, "`name`: what
+// was thrown", and the value `failed`.
+template <typename Value, typename Body>
+Value guarded(const char *name, Value failed, Body body) noexcept {
+    std::unique_lock<std::mutex> guard;  // declared outside the try: the handlers write the message under it
+    const char *what = "an exception of unknown type";
+    try {
+        auto &s = state();
+        guard = std::unique_lock<std::mutex>(s.lock);
+        return body(s);
+    } catch (const std::exception &e) {
+        what = e.what();
+    } catch (...) {
+    }
+    try {
+        g_error = std::string(name) + ": " + what;
+    } catch (...) {
+        g_error.clear();
+    }
+    return failed;
+}
+
 const char *kernel_slots(const char *kernel) {
     for (int kind = 0; kind < kKindCount; ++kind)
         if (std::strcmp(kernel, info(static_cast<Kind>(kind)).name) == 0) return info(static_cast<Kind>(kind)).slots;
@@ -72,45 +95,53 @@ EXPORT void SetThreads(int threads) { g_threads = std::max(threads, 0); }
 
 // Freezes the weights of inference forwards until ThawWeights or the next training forward: each
 // weights tensor is reordered on its first call and the reorder reused after. Returns the version (a
-// new one each call, so weights loaded between two freezes are reordered again).
+// new one each call, so weights loaded between two freezes are reordered again), 0 with TakeError's
+// message when it failed. ThawWeights returns 0, or 1 with the message.
 EXPORT uint64_t FreezeWeights() {
-    auto &s = state();
-    std::lock_guard<std::mutex> guard(s.lock);
-    drop_kept_reorders(s);
-    g_frozen_version = ++g_last_version;
-    return g_frozen_version;
+    return guarded("FreezeWeights", uint64_t{0}, [](State &s) {
+        drop_kept_reorders(s);
+        return g_frozen_version = ++g_last_version;
+    });
 }
-EXPORT void ThawWeights() {
-    auto &s = state();
-    std::lock_guard<std::mutex> guard(s.lock);
-    drop_kept_reorders(s);
-    g_frozen_version = 0;
+EXPORT int ThawWeights() {
+    return guarded("ThawWeights", 1, [](State &s) {
+        drop_kept_reorders(s);
+        g_frozen_version = 0;
+        return 0;
+    });
 }
 EXPORT uint64_t FrozenVersion() { return g_frozen_version; }
 
 // How many floats the training forward of a convolution (x, w -> y shapes, ConvParams `record`) writes
-// into its `matrix` output for the backward of its image gradient (weight_matrix_elements).
+// into its `matrix` output for the backward of its image gradient (weight_matrix_elements); -1 with
+// TakeError's message when it failed.
 EXPORT int64_t WeightMatrixElements(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
-    ConvParams p;
-    std::memcpy(&p, record, sizeof(p));
-    return weight_matrix_elements(x, w, y, p);
+    return guarded("WeightMatrixElements", int64_t{-1}, [&](State &) {
+        ConvParams p;
+        std::memcpy(&p, record, sizeof(p));
+        return weight_matrix_elements(x, w, y, p);
+    });
 }
 
 // How the library runs a convolution (x, w -> y shapes, ConvParams `record`) on this CPU, under its ISA
-// cap (convolution_path).
+// cap (convolution_path); "" with TakeError's message when it failed.
 EXPORT const char *ConvolutionPath(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *record) {
-    ConvParams p;
-    std::memcpy(&p, record, sizeof(p));
-    return convolution_path(x, w, y, p);
+    return guarded("ConvolutionPath", "", [&](State &) {
+        ConvParams p;
+        std::memcpy(&p, record, sizeof(p));
+        return convolution_path(x, w, y, p);
+    });
 }
 
 // The names of the layers' own loops (each followed by a comma), and their seconds since the library
-// loaded, into `seconds` (at most `capacity`); returns how many there are.
+// loaded, into `seconds` (at most `capacity`); returns how many there are (-1 with TakeError's message
+// when it failed).
 EXPORT const char *OwnLoopNames() { return kOwnLoopNames; }
 EXPORT int OwnLoopSeconds(double *seconds, int capacity) {
-    std::lock_guard<std::mutex> guard(state().lock);
-    for (int i = 0; i < std::min<int>(capacity, kOwnLoopCount); ++i) seconds[i] = g_own_seconds[i];
-    return kOwnLoopCount;
+    return guarded("OwnLoopSeconds", -1, [&](State &) {
+        for (int i = 0; i < std::min<int>(capacity, kOwnLoopCount); ++i) seconds[i] = g_own_seconds[i];
+        return static_cast<int>(kOwnLoopCount);
+    });
 }
 
 // The oneDNN version this library runs (to prove the private copy is the one bound).
@@ -152,64 +183,50 @@ EXPORT const char *IsaCap() {
 }
 
 // The layout blocked activations of a type ("float32", "bfloat16") have on this CPU: nChw16c,
-// nChw8c, nhwc or nchw; "" where oneDNN has no such convolution here or chose another layout.
+// nChw8c, nhwc or nchw; "" where oneDNN has no such convolution here or chose another layout (or,
+// with TakeError's message, where it failed).
 EXPORT const char *BlockedLayout(const char *dtype) {
-    try {
-        const tag layout = data_type(dtype) == dt::bf16 ? state().bf16_layout : state().f32_layout;
+    return guarded("BlockedLayout", "", [&](State &s) {
+        const tag layout = data_type(dtype) == dt::bf16 ? s.bf16_layout : s.f32_layout;
         for (const auto &known : kLayouts)
             if (known.first == layout) return known.second;
-    } catch (const std::exception &e) {
-        g_error = e.what();
-    }
-    return "";
+        return "";
+    });
 }
 
-// Plans cached now, and the most that are kept (a limit below 1 leaves it as it is).
+// Plans cached now, the most that are kept (a limit below 1 leaves it as it is), the scratchpad's
+// bytes and those of the inference forwards' kept weight reorders (see drop_kept_reorders); -1 with
+// TakeError's message when it failed.
 EXPORT int PlanCount() {
-    std::lock_guard<std::mutex> guard(state().lock);
-    return static_cast<int>(state().plans.size());
+    return guarded("PlanCount", -1, [](State &s) { return static_cast<int>(s.plans.size()); });
 }
 EXPORT int SetPlanLimit(int limit) {
-    auto &s = state();
-    std::lock_guard<std::mutex> guard(s.lock);
-    if (limit > 0) s.plan_limit = static_cast<size_t>(limit);
-    return static_cast<int>(s.plan_limit);
+    return guarded("SetPlanLimit", -1, [limit](State &s) {
+        if (limit > 0) s.plan_limit = static_cast<size_t>(limit);
+        return static_cast<int>(s.plan_limit);
+    });
 }
-EXPORT int64_t ScratchpadBytes() { return static_cast<int64_t>(state().scratchpad_bytes); }
-
-// Bytes held by the inference forwards' kept weight reorders (see drop_kept_reorders).
-EXPORT int64_t KeptReorderBytes() {
-    auto &s = state();
-    std::lock_guard<std::mutex> guard(s.lock);
-    return kept_reorder_bytes(s);
+EXPORT int64_t ScratchpadBytes() {
+    return guarded("ScratchpadBytes", int64_t{-1}, [](State &s) { return static_cast<int64_t>(s.scratchpad_bytes); });
 }
+EXPORT int64_t KeptReorderBytes() { return guarded("KeptReorderBytes", int64_t{-1}, kept_reorder_bytes); }
 
 // Milliseconds for one convolution's forward and both backwards (probe_convolution), or -1 with
 // TakeError's message.
 EXPORT double ProbeConvolution(int64_t batch, int64_t channels, int64_t size, int64_t out_channels, int64_t kernel,
                                int64_t stride, int bf16, int repeats) {
-    try {
-        auto &s = state();
-        std::lock_guard<std::mutex> guard(s.lock);
+    return guarded("ProbeConvolution", -1.0, [&](State &) {
         use_threads();
         return probe_convolution({batch, channels, size, size}, out_channels, kernel, stride, bf16 ? dt::bf16 : dt::f32,
                                  std::max(repeats, 1));
-    } catch (const std::exception &e) {
-        g_error = std::string("ProbeConvolution: ") + e.what();
-        return -1;
-    }
+    });
 }
 
 // GMAC/s of a large 1x1 convolution (peak_gmacs), or -1 with TakeError's message.
 EXPORT double PeakGmacs(int bf16) {
-    try {
-        auto &s = state();
-        std::lock_guard<std::mutex> guard(s.lock);
+    return guarded("PeakGmacs", -1.0, [bf16](State &) {
         use_threads();
         return peak_gmacs(bf16 ? dt::bf16 : dt::f32);
-    } catch (const std::exception &e) {
-        g_error = std::string("PeakGmacs: ") + e.what();
-        return -1;
-    }
+    });
 }
 }

@@ -23,6 +23,8 @@ double milliseconds_since(const std::chrono::steady_clock::time_point &start) {
 // what a layer of a training step costs in float32 or in bfloat16.
 double probe_convolution(const memory::dims &x, int64_t out_channels, int64_t kernel, int64_t stride, dt type,
                          int repeats) {
+    if (*std::min_element(x.begin(), x.end()) < 1 || std::min({out_channels, kernel, stride}) < 1)
+        throw std::invalid_argument("a probe's sizes, kernel and stride are 1 or more");  // not a division by 0
     const int64_t pad = kernel / 2, out_size = (x[2] + 2 * pad - kernel) / stride + 1;
     const memory::dims w{out_channels, x[1], kernel, kernel}, y{x[0], out_channels, out_size, out_size};
     const int32_t s32 = static_cast<int32_t>(stride), p32 = static_cast<int32_t>(pad);
