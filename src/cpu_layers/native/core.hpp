@@ -394,7 +394,7 @@ struct KernelInfo {
 };
 
 // Defined in core.cpp: the state, its buffers and layouts, the operands and how a plan runs, the
-// kernels' checks, errors and plan cache.
+// kernel table, the plan cache and the way into every kernel (call_kernel).
 State &state();
 std::unique_ptr<uint8_t, FreeDeleter> aligned_buffer(size_t bytes);
 void *grown(std::unique_ptr<uint8_t, FreeDeleter> &buffer, size_t &size, size_t bytes);
