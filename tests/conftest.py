@@ -1,6 +1,7 @@
 """Shared fixtures: the repository on sys.path, fast CPU convolutions, small generated datasets."""
 import csv
 import fcntl
+import gc
 import hashlib
 import importlib.util
 import json
@@ -110,6 +111,13 @@ LONGEST_FIRST = ("test_resume", "test_distributed", "test_train_parity", "test_c
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__ if item.module else "", len(rank)))
+
+
+def pytest_collection_finish(session):
+    """Every test module and what it imports (MindSpore, PyTorch) is loaded now and stays: frozen, the
+    cyclic collector no longer walks it at each collection of the tests that compile graphs in this
+    process (as the entry points' run_cli does for theirs)."""
+    gc.freeze()
 
 
 # The suite's work per test, written when RESNET_TESTS_WORK names a file (one JSON line per test;

@@ -46,6 +46,7 @@ seconds).
 """
 import builtins
 import ctypes
+import gc
 import importlib
 import importlib.machinery
 import json
@@ -283,6 +284,9 @@ def serve(requests, replies) -> int:
 def main() -> int:
     BASE_PATH[:] = sys.path[1:]  # sys.path[0] is this file's folder
     printed = printed_by(preload)
+    # The preloaded heap lives in every child: frozen, no child's collection walks it (a child's exit
+    # costs ~0.7 CPU-s less; the entry points' run_cli freezes it too) and its pages stay shared.
+    gc.freeze()
     requests = os.fdopen(int(sys.argv[1]), "r", encoding="utf-8")
     replies = os.fdopen(int(sys.argv[2]), "w", encoding="utf-8")
     replies.write(json.dumps({"ready": os.getpid(), "printed": printed}) + "\n")
