@@ -52,9 +52,27 @@ stamp_of() {
 }
 STAMP="$VENV/.installed-$(basename "$REQUIREMENTS")"
 WANTED=$(stamp_of "$REQUIREMENTS" | sha256sum | cut -d' ' -f1)
+# uv installs a new .venv in a sixth of pip's CPU time (~30 CPU-s and 1.5 min here against ~200 and
+# 3 min): it downloads and unpacks in parallel and leaves the bytecode to the first import, where pip
+# compiles every module of MindSpore and PyTorch. uv reads no pip configuration, so pip's find-links
+# (where a local PyTorch CPU wheel may lie) are handed to it. Where uv cannot be had, pip installs.
+UV_VERSION=0.13.9
+pip_find_links() {
+    "$VENV/bin/python" -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$/\1/p" | tr ' ' '\n' | sort -u |
+        while read -r link; do [[ -n $link ]] && echo "--find-links=$link"; done
+}
+install_requirements() {
+    local links
+    if "$VENV/bin/python" -m pip install --disable-pip-version-check -q "uv==$UV_VERSION" 2>/dev/null; then
+        mapfile -t links < <(pip_find_links)
+        "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" ${links[@]+"${links[@]}"} -r "$REQUIREMENTS" && return 0
+        echo "note: uv could not install $(basename "$REQUIREMENTS"); trying pip" >&2
+    fi
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQUIREMENTS"
+}
 if [[ ! -f $STAMP || $(cat "$STAMP") != "$WANTED" ]]; then
     echo "installing $(basename "$REQUIREMENTS") into $VENV"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQUIREMENTS"
+    install_requirements
     echo "$WANTED" > "$STAMP"
 fi
 
