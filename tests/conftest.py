@@ -17,11 +17,16 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# OpenCV's import and MindSpore's CPU plugin prepend their own folders to this process's
+# LD_LIBRARY_PATH, in whichever order the tests happen to load them: a run is started with the value
+# this process had as it started (a user's shell has neither), so that the value a test process
+# happens to hold neither reaches the run nor makes it differ from the warm process's and start cold.
+STARTED_LD_LIBRARY_PATH = os.environ.get("LD_LIBRARY_PATH")
 PYTHON = sys.executable
 # The PyTorch-side tests (conversion, parity, references) need its CPU-only build, which the index
 # has for x86_64 alone: requirements-dev.txt installs none on aarch64, and those tests skip there.
@@ -239,6 +244,17 @@ def tiny_folder_dir(folder_dir, tmp_path_factory) -> Path:
     return root
 
 
+def run_environment(env: Mapping[str, str]) -> dict:
+    """`env` for a run: unbuffered, and LD_LIBRARY_PATH as this process started with it unless the
+    test set its own."""
+    full_env = dict(env, PYTHONUNBUFFERED="1")
+    if full_env.get("LD_LIBRARY_PATH") == os.environ.get("LD_LIBRARY_PATH"):
+        full_env.pop("LD_LIBRARY_PATH", None)
+        if STARTED_LD_LIBRARY_PATH is not None:
+            full_env["LD_LIBRARY_PATH"] = STARTED_LD_LIBRARY_PATH
+    return full_env
+
+
 def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
         env: Optional[dict] = None) -> subprocess.CompletedProcess:
     """Run a command of the project (python scripts or bash launchers) and capture its output.
@@ -248,7 +264,7 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
     would be) where nothing it changes is read before the fork; RESNET_TESTS_COLD=1 starts every run
     as a fresh interpreter. A run the warm process refuses (its reason in the work record and a
     warning) starts fresh."""
-    full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    full_env = run_environment(os.environ if env is None else env)
     cwd = str(cwd or REPO)
     warm, refused = _warm_start_fits(args, full_env) and os.path.isdir(cwd), ""
     if warm:
@@ -311,12 +327,12 @@ class WarmStart:
     def environment(self) -> dict:
         """The environment the warm process started with (this worker's, unbuffered), or will start
         with: a test that changes os.environ later does not change what the warm process loaded."""
-        return self.started_env or dict(os.environ, PYTHONUNBUFFERED="1")
+        return self.started_env or run_environment(os.environ)
 
     def _start(self) -> None:
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        self.started_env = self.started_env or dict(os.environ, PYTHONUNBUFFERED="1")  # a restart: as first
+        self.started_env = self.started_env or run_environment(os.environ)  # a restart: as first
         self.process = subprocess.Popen([PYTHON, str(REPO / "tests" / "warm_start.py"), str(request_read),
                                          str(reply_write)], pass_fds=(request_read, reply_write),
                                         env=self.started_env, cwd=str(REPO))
