@@ -22,11 +22,14 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# OpenCV's import and MindSpore's CPU plugin prepend their own folders to this process's
-# LD_LIBRARY_PATH, in whichever order the tests happen to load them: a run is started with the value
-# this process had as it started (a user's shell has neither), so that the value a test process
-# happens to hold neither reaches the run nor makes it differ from the warm process's and start cold.
-STARTED_LD_LIBRARY_PATH = os.environ.get("LD_LIBRARY_PATH")
+# Variables that libraries this process loads set in its environment for their own sake, at whatever
+# moment a test first loads them: OpenCV's import and MindSpore's CPU plugin prepend their folders to
+# LD_LIBRARY_PATH, scikit-learn's import sets two of Intel OpenMP's. A run is started with the values
+# this process started with (a user's shell has none of them), unless the test set its own: what a
+# test process happens to hold then neither reaches the run nor makes it differ from the warm
+# process's environment, which would start every later run of the worker cold.
+LIBRARY_SET = ("LD_LIBRARY_PATH", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")
+STARTED_WITH = {name: os.environ.get(name) for name in LIBRARY_SET}
 PYTHON = sys.executable
 # The PyTorch-side tests (conversion, parity, references) need its CPU-only build, which the index
 # has for x86_64 alone: requirements-dev.txt installs none on aarch64, and those tests skip there.
@@ -245,13 +248,14 @@ def tiny_folder_dir(folder_dir, tmp_path_factory) -> Path:
 
 
 def run_environment(env: Mapping[str, str]) -> dict:
-    """`env` for a run: unbuffered, and LD_LIBRARY_PATH as this process started with it unless the
-    test set its own."""
+    """`env` for a run: unbuffered, and LIBRARY_SET as this process started with them where the test
+    did not set its own."""
     full_env = dict(env, PYTHONUNBUFFERED="1")
-    if full_env.get("LD_LIBRARY_PATH") == os.environ.get("LD_LIBRARY_PATH"):
-        full_env.pop("LD_LIBRARY_PATH", None)
-        if STARTED_LD_LIBRARY_PATH is not None:
-            full_env["LD_LIBRARY_PATH"] = STARTED_LD_LIBRARY_PATH
+    for name, started in STARTED_WITH.items():
+        if full_env.get(name) == os.environ.get(name):
+            full_env.pop(name, None)
+            if started is not None:
+                full_env[name] = started
     return full_env
 
 
@@ -267,6 +271,9 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
     full_env = run_environment(os.environ if env is None else env)
     cwd = str(cwd or REPO)
     warm, refused = _warm_start_fits(args, full_env) and os.path.isdir(cwd), ""
+    differing = warm_unsafe_keys(full_env, _warm.environment()) if _python_run(args) else []
+    if differing and os.environ.get(COLD) != "1":
+        refused = f"the environment differs from the warm process's in {', '.join(differing)}"
     if warm:
         try:
             result, cpu_s = _warm.run(args, cwd, full_env, timeout)
@@ -287,12 +294,16 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
 def _warm_start_fits(args: List[str], env: dict) -> bool:
     """Whether `args` can start from the warm process: this interpreter running a script, `-m` or
     `-c`, with nothing changed that the interpreter or a library reads as it loads."""
-    args = [str(arg) for arg in args]
-    if os.environ.get(COLD) == "1" or len(args) < 2 or args[0] != PYTHON:
-        return False
-    if not (args[1] in ("-c", "-m") and len(args) > 2 or args[1].endswith(".py")):
+    if os.environ.get(COLD) == "1" or not _python_run(args):
         return False
     return not warm_unsafe_keys(env, _warm.environment())
+
+
+def _python_run(args: List[str]) -> bool:
+    """Whether `args` runs this interpreter on a script, `-m` module or `-c` program."""
+    args = [str(arg) for arg in args]
+    return len(args) >= 2 and args[0] == PYTHON and (args[1] in ("-c", "-m") and len(args) > 2
+                                                      or args[1].endswith(".py"))
 
 
 class WarmStartRefused(Exception):
