@@ -22,25 +22,29 @@ const char *record_fields(const char *record) {
     return "";
 }
 
+// TakeError's message "`name`: `what`"; nothing is thrown (an empty message where there is no memory).
+void record_failure(const char *name, const char *what) noexcept {
+    try {
+        g_error = std::string(name) + ": " + what;
+    } catch (...) {
+        g_error.clear();
+    }
+}
+
 // A function of the Python side's, run as call_kernel runs a kernel: under the state's lock, what it
 // throws (which across the C ABI would end the process) becomes TakeError's message, "`name`: what
 // was thrown", and the value `failed`.
 template <typename Value, typename Body>
 Value guarded(const char *name, Value failed, Body body) noexcept {
     std::unique_lock<std::mutex> guard;  // declared outside the try: the handlers write the message under it
-    const char *what = "an exception of unknown type";
     try {
         auto &s = state();
         guard = std::unique_lock<std::mutex>(s.lock);
         return body(s);
     } catch (const std::exception &e) {
-        what = e.what();
+        record_failure(name, e.what());  // in the handler: what() lives as long as the exception
     } catch (...) {
-    }
-    try {
-        g_error = std::string(name) + ": " + what;
-    } catch (...) {
-        g_error.clear();
+        record_failure(name, "an exception of unknown type");
     }
     return failed;
 }
