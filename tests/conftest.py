@@ -270,10 +270,12 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
     warning) starts fresh."""
     full_env = run_environment(os.environ if env is None else env)
     cwd = str(cwd or REPO)
-    warm, refused = _warm_start_fits(args, full_env) and os.path.isdir(cwd), ""
-    differing = warm_unsafe_keys(full_env, _warm.environment()) if _python_run(args) else []
-    if differing and os.environ.get(COLD) != "1":
-        refused = f"the environment differs from the warm process's in {', '.join(differing)}"
+    # A warm start fits this interpreter on a script, `-m` or `-c`, with nothing changed that the
+    # interpreter or a library reads as it loads.
+    python_run, cold = _python_run(args), os.environ.get(COLD) == "1"
+    differing = warm_unsafe_keys(full_env, _warm.environment()) if python_run and not cold else []
+    warm = python_run and not cold and not differing and os.path.isdir(cwd)
+    refused = f"the environment differs from the warm process's in {', '.join(differing)}" if differing else ""
     if warm:
         try:
             result, cpu_s = _warm.run(args, cwd, full_env, timeout)
@@ -289,14 +291,6 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
         cpu_s = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
     _count_run(args, cpu_s, result.returncode, warm, refused)
     return result
-
-
-def _warm_start_fits(args: List[str], env: dict) -> bool:
-    """Whether `args` can start from the warm process: this interpreter running a script, `-m` or
-    `-c`, with nothing changed that the interpreter or a library reads as it loads."""
-    if os.environ.get(COLD) == "1" or not _python_run(args):
-        return False
-    return not warm_unsafe_keys(env, _warm.environment())
 
 
 def _python_run(args: List[str]) -> bool:
