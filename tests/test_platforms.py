@@ -50,20 +50,42 @@ def included_files(path: Path) -> List[Path]:
     return [path.parent / line[3:].strip() for line in path.read_text().splitlines() if line.startswith("-r ")]
 
 
+def pip_find_links() -> List[str]:
+    """pip's configured find-links (a local PyTorch CPU wheel may lie there), as scripts/setup_env.sh
+    hands them to uv."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            check=False).stdout
+    links = {link for line in listed.splitlines() if line.partition("=")[0].endswith(".find-links")
+             for link in line.partition("=")[2].strip("'").split()}
+    return [f"--find-links={link}" for link in sorted(links)]
+
+
 def resolve(requirements: List[str], machine: str, folder: Path) -> subprocess.CompletedProcess:
-    """pip's dry run for Linux `machine`, CPython 3.11, wheels only: nothing is installed."""
+    """A resolution for Linux `machine`, CPython 3.11, wheels only, by the installer
+    scripts/setup_env.sh uses: uv (a twentieth of pip's dry run's CPU time), pip where uv is
+    missing. Nothing is installed."""
     listed = folder / f"requirements-{machine}.txt"
     listed.write_text("\n".join(requirements) + "\n")
-    platforms = [arg for tag in ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
-                 for arg in ("--platform", f"{tag}_{machine}")]
-    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                           "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-                           *platforms, "--target", str(folder / "target"), "--quiet", "-r", str(listed)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    uv = Path(sys.executable).parent / "uv"
+    if uv.exists():
+        command = [str(uv), "pip", "compile", "--quiet", "--no-header", "--python-version", "3.11",
+                   "--python-platform", f"{machine}-manylinux_2_28", "--only-binary", ":all:", *pip_find_links(),
+                   "--output-file", str(folder / "resolved.txt"), str(listed)]
+    else:
+        platforms = [arg for tag in ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
+                     for arg in ("--platform", f"{tag}_{machine}")]
+        command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
+                   "--python-version", "3.11", "--implementation", "cp", *platforms,
+                   "--target", str(folder / "target"), "--quiet", "-r", str(listed)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 
 def failure_of(result: subprocess.CompletedProcess) -> str:
-    return next((line for line in result.stderr.splitlines() if line.startswith("ERROR")), result.stderr[-500:])
+    """pip's ERROR line, or uv's error and its cause."""
+    lines = result.stderr.splitlines()
+    pip_error = next((line for line in lines if line.startswith("ERROR")), None)
+    return pip_error or " ".join(line.strip() for line in lines if line.startswith(("error:", "  cause:"))) or \
+        result.stderr[-500:]
 
 
 TOP_FILES = sorted(path.name for path in REPO.glob("requirements*.txt"))
