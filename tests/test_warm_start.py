@@ -3,6 +3,7 @@ entry points and programs that succeed, fail, are interrupted, warn, leave a pro
 at their own interpreter run both ways, one after the other in the same folder, and their exit
 codes, stderr lines, stdout and files written (names and bytes) must be the same, after taking out
 what varies from run to run (VARYING: times and durations)."""
+import functools
 import json
 import os
 import re
@@ -52,10 +53,13 @@ def files(folder: Path) -> dict:
 
 
 def warm_and_fresh(monkeypatch, args: List[str], folder: Path, cwd: Optional[Path] = None,
-                   prepare: Callable[[], None] = lambda: None) -> Tuple[Run, Run]:
-    """Run `args` warm, then fresh, each in an emptied `folder` (prepared by `prepare`): exit code,
-    stderr and stdout lines, and the files it left in `folder`."""
+                   prepare: Callable[[], None] = lambda: None, extra_env: Optional[dict] = None,
+                   refused: str = "") -> Tuple[Run, Run]:
+    """Run `args` (with `extra_env`) warm, then fresh, each in an emptied `folder` (prepared by
+    `prepare`): exit code, stderr and stdout lines, and the files it left in `folder`. With `refused`,
+    the warm process must refuse the first run, for a reason that says it."""
     env = {key: value for key, value in os.environ.items() if key != COLD}
+    env.update(extra_env or {})
     results = []
     for cold in (False, True):
         shutil.rmtree(folder, ignore_errors=True)
@@ -67,7 +71,10 @@ def warm_and_fresh(monkeypatch, args: List[str], folder: Path, cwd: Optional[Pat
             monkeypatch.delenv(COLD, raising=False)
         result = run(args, cwd=cwd, env=env)
         record = conftest._work[os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]]["run_list"][-1]
-        assert record["warm"] is not cold, record  # the warm run did start warm
+        if refused and not cold:
+            assert not record["warm"] and refused in record["warm_refused"], record
+        else:
+            assert record["warm"] is not cold, record  # the warm run did start warm
         results.append((result.returncode, normalized(result.stderr), normalized(result.stdout),
                         files(folder)))
     monkeypatch.delenv(COLD, raising=False)
@@ -191,3 +198,35 @@ def test_interpreter_state_and_generators_are_fresh(monkeypatch, tmp_path):
             warm, fresh = (*warm[:2], [seen[0]], warm[3]), (*fresh[:2], [seen[1]], fresh[3])
         assert_same(warm, fresh)
     assert len({draw for pair in draws for draw in pair}) == 2 * len(draws)
+
+
+def test_a_pythonpath_is_made_warm_or_refused_where_a_fresh_interpreter_would_differ(monkeypatch, tmp_path):
+    """PYTHONPATH's entries (relative, empty, through '..') come before the interpreter's own, the
+    repository's `src` found through them; a PYTHONPATH that shadows a preloaded library (yaml), or
+    holds a sitecustomize (which a fresh interpreter runs as it starts), is run fresh."""
+    folder, lib = tmp_path / "cwd", tmp_path / "lib"
+
+    def prepare(*files: str):
+        shutil.rmtree(lib, ignore_errors=True)
+        lib.mkdir()
+        (lib / "probe.py").write_text(PROBE)
+        for name in files:
+            (lib / name).write_text("import sys\nprint('planted', __name__, file=sys.stderr)\n")
+
+    python_path = os.pathsep.join(["../lib", "", str(REPO / "src" / "..")])
+    warm, fresh = warm_and_fresh(monkeypatch, [PYTHON, "-m", "probe"], folder, cwd=folder, prepare=prepare,
+                                 extra_env={"PYTHONPATH": python_path})
+    assert warm[0] == 0, warm[1]
+    seen = [json.loads(run[2][0]) for run in (warm, fresh)]
+    for probe in seen:
+        assert probe["path"][:4] == [str(folder), str(lib), str(folder), str(REPO)] and probe["src"].startswith(
+            str(REPO)), probe
+        probe.pop("draws")
+    assert_same((*warm[:2], [seen[0]], warm[3]), (*fresh[:2], [seen[1]], fresh[3]))
+    for planted in ("yaml.py", "sitecustomize.py"):
+        stem = planted.removesuffix(".py")
+        warm, fresh = warm_and_fresh(monkeypatch, [PYTHON, "-c", "import yaml"], folder, cwd=folder,
+                                     prepare=functools.partial(prepare, planted), extra_env={"PYTHONPATH": str(lib)},
+                                     refused=f"PYTHONPATH has its own {stem}")
+        assert warm[0] == 0 and warm[1] == [f"planted {stem}"], warm[1]
+        assert_same(warm, fresh)

@@ -5,11 +5,14 @@ subprocess.run(capture_output=True) with stdin from /dev/null (what pytest's cap
 
 - its argv, sys.orig_argv, environment, working directory, stdin and output;
 - sys.path: the first entry a fresh interpreter would put (the script's real directory, the working
-  directory for -m, "" for -c), then the interpreter's own entries (this process's, without the
-  tests/ folder it was started from and the repository preload() added). A preloaded module of the
-  repository (`src`) that the fresh run would not import from the same file (a script, -m or -c
-  outside the repository) is dropped from sys.modules, to be imported again or not found, as fresh; a
-  preloaded library that the run's first sys.path entry would shadow refuses the warm start;
+  directory for -m, "" for -c), the run's PYTHONPATH (each entry made absolute, as the interpreter
+  makes it), then the interpreter's own entries (this process's, without the tests/ folder it was
+  started from and the repository preload() added). A preloaded module of the repository (`src`) that
+  the fresh run would not import from the same file (a script, -m or -c outside the repository, a
+  PYTHONPATH without it) is dropped from sys.modules, to be imported again or not found, as fresh; a
+  preloaded library that the run's first sys.path entry or its PYTHONPATH would shadow, or a
+  sitecustomize or usercustomize on its PYTHONPATH (a fresh interpreter runs them as it starts),
+  refuses the warm start;
 - a fresh `__main__` module, the script compiled from its absolute path as Python's, -m through
   runpy._run_module_as_main as `python -m` calls it;
 - an uncaught exception printed by sys.excepthook with the frames of this file left out, exit
@@ -25,8 +28,9 @@ OpenBLAS's pool, which numpy's import starts, is stopped after the imports as fo
 would stop it, and starts again in the child on its first threaded call).
 
 What is left to a fresh interpreter: conftest.run starts a real `python` wherever the environment
-differs in what is read as the interpreter or a library loads (WARM_UNSAFE_PREFIXES), and for
-anything that is not a Python script, `-m` module or `-c` program.
+differs in what is read as the interpreter or a library loads (WARM_UNSAFE_PREFIXES; PYTHONPATH is
+made here, unless this process itself was started with one), and for anything that is not a Python
+script, `-m` module or `-c` program.
 
 The one difference left is Python's string hash seed, fixed as an interpreter starts. It decides
 hash() of str, bytes and datetime objects, and so the order in which a set of them iterates (dicts
@@ -66,6 +70,9 @@ REPO = Path(__file__).resolve().parents[1]
 WARM_UNSAFE_PREFIXES = ("PYTHON", "OMP_", "GOMP_", "KMP_", "LD_", "MALLOC_", "GLOG", "MS_", "OPENBLAS", "MKL_",
                         "LANG", "LC_", "TZ", "TMP", "TEMP")
 WARM_SAFE = ("PYTHONUNBUFFERED",)
+# Read as the interpreter starts, but made in the child: the sys.path entries it adds (run_child).
+MADE_IN_CHILD = "PYTHONPATH"
+STARTUP_MODULES = ("sitecustomize", "usercustomize")  # what site imports from sys.path as Python starts
 # Modules a run would import for itself; PyTorch's side (src.migration.torch_*) is left to the runs that need it.
 SKIPPED = ("src.migration.torch_",)
 BASE_PATH: list = []  # the interpreter's own sys.path entries, after the one for the script (main sets it)
@@ -75,7 +82,8 @@ REPO_MODULES: set = set()  # the top-level modules preload() imported from the r
 def warm_unsafe_keys(env: dict, base: dict) -> list:
     """The keys of WARM_UNSAFE_PREFIXES on which `env` differs from `base` (the warm process's)."""
     keys = set(env) | set(base)
-    return sorted(key for key in keys if key.startswith(WARM_UNSAFE_PREFIXES) and key not in WARM_SAFE
+    made = () if base.get(MADE_IN_CHILD) else (MADE_IN_CHILD,)  # this process's own entries are not told apart
+    return sorted(key for key in keys if key.startswith(WARM_UNSAFE_PREFIXES) and key not in WARM_SAFE + made
                   and env.get(key) != base.get(key))
 
 
@@ -159,17 +167,27 @@ def first_path_entry(argv: list, cwd: str) -> str:
     return os.path.dirname(os.path.realpath(os.path.join(cwd, argv[1])))
 
 
-def stale_modules(argv: list, cwd: str) -> tuple:
-    """The preloaded top-level modules a fresh run in `cwd` would not import from the same file: the
-    repository's (to drop from sys.modules) and the libraries' (shadowed by the run's first
-    sys.path entry: the run must be fresh)."""
+def python_path(env: dict, cwd: str) -> list:
+    """The sys.path entries a fresh interpreter in `cwd` takes from env's PYTHONPATH (absolute; an
+    empty entry is the working directory)."""
+    listed = env.get(MADE_IN_CHILD)
+    return [os.path.normpath(os.path.join(cwd, entry)) for entry in listed.split(os.pathsep)] if listed else []
+
+
+def stale_modules(argv: list, cwd: str, env: dict) -> tuple:
+    """The preloaded top-level modules a fresh run in `cwd` with `env` would not import from the same
+    file: the repository's (to drop from sys.modules) and the libraries' (shadowed by the run's first
+    sys.path entry or its PYTHONPATH: the run must be fresh), and the startup modules its PYTHONPATH
+    holds (the run must be fresh)."""
     first = first_path_entry(argv, cwd) or cwd
-    fresh = [first] + [entry or cwd for entry in BASE_PATH]
-    try:
-        there = os.listdir(first)
-    except OSError:
-        there = []
-    provided = {name.split(".")[0] for name in there}  # modules, packages, extensions (name.cpython-...so)
+    added = python_path(env, cwd)
+    fresh = [first, *added] + [entry or cwd for entry in BASE_PATH]
+    provided = set()
+    for folder in (first, *added):
+        try:
+            provided |= {name.split(".")[0] for name in os.listdir(folder)}  # modules, packages, extensions
+        except OSError:
+            pass
     candidates = REPO_MODULES | {name for name in provided if name in sys.modules and "." not in name}
     repository, shadowed = [], []
     importlib.invalidate_caches()
@@ -178,7 +196,9 @@ def stale_modules(argv: list, cwd: str) -> tuple:
         if spec is not None and spec.origin == getattr(sys.modules[name].__spec__, "origin", None):
             continue
         (repository if name in REPO_MODULES else shadowed).append(name)
-    return repository, shadowed
+    startup = [name for name in STARTUP_MODULES
+               if any(importlib.machinery.PathFinder.find_spec(name, [folder]) for folder in added)]
+    return repository, shadowed + startup
 
 
 def refusal(request: dict, shadowed: list) -> str:
@@ -187,7 +207,8 @@ def refusal(request: dict, shadowed: list) -> str:
     if len(running) != 1:
         return f"the warm process has {len(running)} threads ({', '.join(running)}); a fork keeps only one"
     if shadowed:
-        return f"the run's first sys.path entry has its own {', '.join(shadowed)} (preloaded from elsewhere)"
+        return (f"the run's first sys.path entry or PYTHONPATH has its own {', '.join(shadowed)} (preloaded from "
+                f"elsewhere, or run as a fresh interpreter starts)")
     return ""
 
 
@@ -220,20 +241,21 @@ def run_child(request: dict, stale: list) -> int:
     main.__builtins__, main.__annotations__ = builtins, {}
     sys.modules["__main__"] = main
     sys.orig_argv = list(request["argv"])
+    base_path = [*python_path(request["env"], os.getcwd()), *BASE_PATH]
     argv = request["argv"][1:]
     try:
         if argv[0] == "-c":
-            sys.argv, sys.path = ["-c", *argv[2:]], ["", *BASE_PATH]
+            sys.argv, sys.path = ["-c", *argv[2:]], ["", *base_path]
             main.__loader__ = importlib.machinery.BuiltinImporter
             exec(compile(argv[1], "<string>", "exec", dont_inherit=True), vars(main))
         elif argv[0] == "-m":
-            sys.argv, sys.path = ["-m", *argv[2:]], [os.getcwd(), *BASE_PATH]
+            sys.argv, sys.path = ["-m", *argv[2:]], [os.getcwd(), *base_path]
             for name in (argv[1], argv[1] + ".__main__"):
                 sys.modules.pop(name, None)  # preloaded: runs afresh as __main__, as `python -m` would
             runpy._run_module_as_main(argv[1])  # what `python -m` calls
         else:
             path = os.path.abspath(argv[0])  # __file__ and the code's file name absolute, as Python's
-            sys.argv, sys.path = list(argv), [first_path_entry(request["argv"], os.getcwd()), *BASE_PATH]
+            sys.argv, sys.path = list(argv), [first_path_entry(request["argv"], os.getcwd()), *base_path]
             try:
                 with open(path, "rb") as script:
                     source = script.read()
@@ -262,7 +284,7 @@ def serve(requests, replies) -> int:
     """Fork a child per request until the requests end; in a child, its exit status (the caller exits)."""
     for line in requests:
         request = json.loads(line)
-        stale, shadowed = stale_modules(request["argv"], request["cwd"])
+        stale, shadowed = stale_modules(request["argv"], request["cwd"], request["env"])
         refused = refusal(request, shadowed)
         if refused:
             replies.write(json.dumps({"refused": refused}) + "\n")
