@@ -81,6 +81,7 @@ def test_qat_trains_evaluates_and_exports(qat_run, cifar_dir, tmp_path):
     assert report["file_format"] == "MINDIR" and Path(report["path"]).stat().st_size > 1e6
 
 
+@pytest.mark.slow
 def test_lsq_steps_start_from_the_first_training_batch_and_the_checkpoint_reads_back(cifar_dir, tmp_path):
     """A fresh LSQ run's activation steps (src/compression/lsq.py), in process: each alpha from the
     first training batch by LSQ's rule, the network's BatchNorm statistics, fake quantizers and mode

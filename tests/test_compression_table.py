@@ -3,12 +3,14 @@ pruned or not (the table's full run trains for minutes: docs/compression.md show
 import json
 
 import mindspore as ms
+import pytest
 
 from conftest import PYTHON, REPO, run
 from src.compression.prune import prune_blocks
 from src.resnet import create_model
 
 
+@pytest.mark.slow
 def test_latency_worker_times_float_and_pruned_checkpoints_on_the_same_layers(tmp_path):
     net = create_model("resnet18", num_classes=10)
     float_path, pruned_path = tmp_path / "float.ckpt", tmp_path / "pruned.ckpt"

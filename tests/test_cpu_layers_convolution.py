@@ -137,6 +137,7 @@ print(json.dumps({{"exit": int(code), "passed": Passed.count, "isa": library.isa
 
 
 @needs_library
+@pytest.mark.slow
 def test_the_gradients_equal_mindspores_under_avx2_too():
     """The shapes above on this CPU's other branch: under AVX2 oneDNN's weights come in 8x8 blocks
     (16x16 under AVX-512), whose gradients leave through oneDNN's reorder, the weight gradients of at
@@ -152,6 +153,7 @@ def test_the_gradients_equal_mindspores_under_avx2_too():
 
 
 @needs_library
+@pytest.mark.slow
 def test_the_image_gradient_is_skipped_unless_asked_and_names_stay():
     plain, ours, asked = (create_model("resnet18", num_classes=10) for _ in range(3))
     assert use_onednn_convolutions(ours) == use_onednn_convolutions(asked, image_gradient=True) == 20
@@ -208,6 +210,7 @@ def small_network(arch: str, freeze_bn: bool, layers: str) -> nn.Cell:
 @pytest.mark.parametrize("arch, mode, freeze_bn", [("resnet18", "PYNATIVE", False), ("resnet18", "PYNATIVE", True),
                                                    ("bottleneck", "GRAPH", False)],
                          ids=["batch-statistics", "frozen-batchnorm", "bottleneck-graph"])
+@pytest.mark.slow
 def test_a_blocked_resnet_trains_and_evaluates_as_mindspores(arch, mode, freeze_bn):
     """Convolutions, BatchNorm (with the ReLU and residual addition after it) and the stem's max
     pool in oneDNN's blocked layout: the loss, every gradient, the moving statistics and the
@@ -534,6 +537,7 @@ def torch_gradients(state, images, labels, bf16: bool):
 @needs_torch
 @needs_library
 @needs_bf16_convolutions
+@pytest.mark.slow
 def test_a_bfloat16_resnet_trains_as_close_to_float64_as_pytorch_autocast():
     """use_onednn_layers(bf16=True) keeps bfloat16 tensors and gradients between the layers, as
     PyTorch's bf16 autocast does. In a random ResNet18 at 64 px one bfloat16 step's gradients are far

@@ -382,6 +382,7 @@ def blocked_network_gaps() -> dict:
 
 
 @pytest.mark.parametrize("isa", ["all", "avx2"])
+@pytest.mark.slow
 def test_a_blocked_network_trains_as_mindspores_at_two_batch_sizes_a_thread_change_and_an_avx2_cap(isa):
     gaps = outcome_under_a_cap(blocked_network_gaps, isa)
     assert gaps.pop("layout") == ("nChw8c" if isa == "avx2" else library.blocked_layout("float32"))

@@ -76,6 +76,7 @@ def test_two_ranks_finish_with_identical_weights(runs):
 
 
 @pytest.mark.parametrize("part", [network_part, ema_part])
+@pytest.mark.slow
 def test_two_ranks_at_batch_b_equal_one_process_at_batch_2b(runs, part):
     out, launched, single = runs
     assert launched.returncode == 0 and single.returncode == 0, single.stderr[-2000:]

@@ -105,6 +105,7 @@ def done_markers(partial: Path) -> int:
     return len([p for p in partial.glob("*" + mindrecord.DONE) if not p.name.startswith(TMP_PREFIX)])
 
 
+@pytest.mark.slow
 def test_an_interrupted_conversion_never_looks_finished_and_goes_on_when_run_again(sample_root, tmp_path):
     """SIGINT after two of many one-worker shards: no manifest, nothing at --output; the second run
     keeps the shards done and ends with the records a straight conversion writes."""
@@ -207,6 +208,7 @@ def records_of(folder: Path) -> list:
     return list(source.read(np.arange(len(source))))
 
 
+@pytest.mark.slow
 def test_a_conversion_killed_at_each_step_after_its_last_shard_loses_no_shard(sample_root, tmp_path, monkeypatch):
     """Killed at each of the file-system changes after the last shard is done (the class list, the
     manifest, the rename into place, the plan and the 6 markers), the same command again writes no
@@ -435,6 +437,7 @@ def test_a_damaged_record_is_counted_listed_and_replaced_as_a_broken_file_is(cop
     assert user_error_message(raised.value).startswith(f"1 unreadable images, more than max_bad_samples 0: {damaged}")
 
 
+@pytest.mark.slow
 def test_check_data_finds_the_damaged_image(copied):
     # in this process (the clean set), then in 2 spawned workers (each imports MindSpore: ~5 CPU s)
     assert scan_unreadable(create_source("imagenet2012", str(copied), training=True), workers=1) == []

@@ -283,6 +283,7 @@ def test_train_py_reports_a_bad_step_key_in_one_line_and_writes_nothing(tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_the_logged_lr_is_the_one_the_optimizer_applied_after_a_skipped_step(initial):
     """A step skipped for non-finite gradients does not advance the optimizer's schedule: the lr
     logged for the next step (and named by the divergence guard) is the one applied then, by the
