@@ -158,8 +158,8 @@ def _count_run(args: List[str], cpu_s: float, returncode: int, warm: bool, refus
         work = _test_work(test.rsplit(" (", 1)[0])
         work["runs"] += 1
         work["trainings"] += any(str(arg).endswith(TRAINING_ENTRIES) for arg in args)
-        work.setdefault("run_list", []).append({"entry": _entry_name(args), "cpu_s": round(cpu_s, 2),
-                                                "returncode": returncode, "warm": warm,
+        work.setdefault("run_list", []).append({"entry": _entry_name(args), "args": [str(arg) for arg in args[1:]],
+                                                "cpu_s": round(cpu_s, 2), "returncode": returncode, "warm": warm,
                                                 **({"warm_refused": refused} if refused else {})})
 
 
