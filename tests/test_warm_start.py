@@ -200,6 +200,7 @@ def test_interpreter_state_and_generators_are_fresh(monkeypatch, tmp_path):
     assert len({draw for pair in draws for draw in pair}) == 2 * len(draws)
 
 
+@pytest.mark.filterwarnings("ignore:warm start refused")  # the refusals are what it checks
 def test_a_pythonpath_is_made_warm_or_refused_where_a_fresh_interpreter_would_differ(monkeypatch, tmp_path):
     """PYTHONPATH's entries (relative, empty, through '..') come before the interpreter's own, the
     repository's `src` found through them; a PYTHONPATH that shadows a preloaded library (yaml), or
