@@ -42,7 +42,7 @@ NO_CURVES = ["--plot_curves", "False"]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("GLOG_v", "3")
 
-from warm_start import warm_unsafe_keys  # noqa: E402
+from warm_start import TORCH_FLAG, warm_unsafe_keys  # noqa: E402
 
 from src.data.sample_data import write_sample_data  # noqa: E402
 from src.device import prefer_fast_cpu_convolutions  # noqa: E402
@@ -143,7 +143,7 @@ _work: dict = {}  # test id -> its record
 def _cpu_seconds() -> float:
     """This process's CPU seconds and its finished children's, warm-started runs included."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + _warm.cpu_s
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + sum(w.cpu_s for w in _WARM.values())
 
 
 def _test_work(test: str) -> dict:
@@ -181,7 +181,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session):
-    _warm.close()
+    for warm in _WARM.values():
+        warm.close()
     path = os.environ.get(WORK)
     if path and _work:
         with open(path, "a", encoding="utf-8") as handle:
@@ -273,12 +274,13 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
     # A warm start fits this interpreter on a script, `-m` or `-c`, with nothing changed that the
     # interpreter or a library reads as it loads.
     python_run, cold = _python_run(args), os.environ.get(COLD) == "1"
-    differing = warm_unsafe_keys(full_env, _warm.environment()) if python_run and not cold else []
+    warm_process = _WARM[_entry_name(args) in TORCH_ENTRIES]
+    differing = warm_unsafe_keys(full_env, warm_process.environment()) if python_run and not cold else []
     warm = python_run and not cold and not differing and os.path.isdir(cwd)
     refused = f"the environment differs from the warm process's in {', '.join(differing)}" if differing else ""
     if warm:
         try:
-            result, cpu_s = _warm.run(args, cwd, full_env, timeout)
+            result, cpu_s = warm_process.run(args, cwd, full_env, timeout)
         except WarmStartRefused as refusal:
             warm, refused = False, str(refusal)
             if refused not in _refusals_told:
@@ -320,7 +322,8 @@ class WarmStart:
     shadow), and is refused for the session when its imports printed anything (a fresh run would
     print that where it imports them)."""
 
-    def __init__(self):
+    def __init__(self, with_torch: bool = False):
+        self.with_torch = with_torch  # PyTorch imported too (warm_start.py --torch)
         self.process: Optional[subprocess.Popen] = None
         self.requests, self.replies, self.pending = None, -1, b""
         self.started_env: dict = {}
@@ -339,7 +342,8 @@ class WarmStart:
         reply_read, reply_write = os.pipe()
         self.started_env = self.started_env or run_environment(os.environ)  # a restart: as first
         self.process = subprocess.Popen([PYTHON, str(REPO / "tests" / "warm_start.py"), str(request_read),
-                                         str(reply_write)], pass_fds=(request_read, reply_write),
+                                         str(reply_write), *([TORCH_FLAG] if self.with_torch else [])],
+                                        pass_fds=(request_read, reply_write),
                                         env=self.started_env, cwd=str(REPO))
         os.close(request_read)
         os.close(reply_write)
@@ -456,7 +460,11 @@ class WarmStart:
         self.process, self.cpu_s, self.folder = None, 0.0, ""
 
 
-_warm = WarmStart()
+# The entry points that import PyTorch start from a warm process that has imported it too; the rest
+# from one that has not (a fresh run of them never loads it).
+TORCH_ENTRIES = ("train_parity.py", "src.migration.parity", "src.migration.convert_torch",
+                 "src.migration.augment_reference")
+_WARM = {False: WarmStart(), True: WarmStart(with_torch=True)}
 COLD = "RESNET_TESTS_COLD"
 
 

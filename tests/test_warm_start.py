@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -38,12 +39,17 @@ def normalized(text: str) -> List[str]:
 
 def files(folder: Path) -> dict:
     """The files under `folder` by relative name: their bytes; metrics.csv's rows without the timing
-    columns; a TensorBoard events file by its name alone (wall times in every record)."""
+    columns; a TensorBoard events file by its name alone (wall times in every record); a PyTorch
+    file by its members' bytes (its archive's folder is named after the temporary file it was
+    written to, which holds the writer's pid)."""
     found = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         name = EVENTS.sub("events.out.tfevents.<time>.<host>.<pid>", str(path.relative_to(folder)))
         if EVENTS.match(path.name):
             found[name] = None
+        elif path.suffix == ".pth":
+            with zipfile.ZipFile(path) as archive:
+                found[name] = {member.split("/", 1)[1]: archive.read(member) for member in archive.namelist()}
         elif path.name == "metrics.csv":
             found[name] = [{key: value for key, value in row.items() if key not in TIMING_COLUMNS}
                            for row in read_metrics(path)]
@@ -231,3 +237,17 @@ def test_a_pythonpath_is_made_warm_or_refused_where_a_fresh_interpreter_would_di
                                      refused=f"PYTHONPATH has its own {stem}")
         assert warm[0] == 0 and warm[1] == [f"planted {stem}"], warm[1]
         assert_same(warm, fresh)
+
+
+def test_the_parity_tool_runs_warm_beside_pytorch_as_fresh(monkeypatch, tmp_path, cifar_dir):
+    """train_parity.py starts from the warm process that has imported PyTorch too: one step of
+    resnet10 against PyTorch's, every table, checkpoint and line as a fresh run's."""
+    out = tmp_path / "parity"
+    parity = [PYTHON, "train_parity.py", "--config_path", str(CONFIG), "--net_name", "resnet10",
+              "--data_path", str(cifar_dir), "--batch_size", "8", "--steps", "1", "--warmup_epochs", "0",
+              "--pynative", "--output_dir", str(out), *NO_CURVES]
+    before = conftest._WARM[True].runs
+    warm, fresh = warm_and_fresh(monkeypatch, parity, out)
+    assert warm[0] == 0, warm[1][-20:]
+    assert conftest._WARM[True].runs == before + 1  # the warm run was the PyTorch process's
+    assert_same(warm, fresh)

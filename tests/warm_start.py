@@ -50,6 +50,7 @@ seconds).
 """
 import builtins
 import ctypes
+import functools
 import gc
 import importlib
 import importlib.machinery
@@ -73,8 +74,10 @@ WARM_SAFE = ("PYTHONUNBUFFERED",)
 # Read as the interpreter starts, but made in the child: the sys.path entries it adds (run_child).
 MADE_IN_CHILD = "PYTHONPATH"
 STARTUP_MODULES = ("sitecustomize", "usercustomize")  # what site imports from sys.path as Python starts
-# Modules a run would import for itself; PyTorch's side (src.migration.torch_*) is left to the runs that need it.
+# Modules a run would import for itself; PyTorch's side (src.migration.torch_*) is left to the runs that need it,
+# which start from a warm process of their own that has imported PyTorch too (`--torch`).
 SKIPPED = ("src.migration.torch_",)
+TORCH_FLAG = "--torch"
 BASE_PATH: list = []  # the interpreter's own sys.path entries, after the one for the script (main sets it)
 REPO_MODULES: set = set()  # the top-level modules preload() imported from the repository
 
@@ -87,9 +90,10 @@ def warm_unsafe_keys(env: dict, base: dict) -> list:
                   and env.get(key) != base.get(key))
 
 
-def preload() -> None:
+def preload(with_torch: bool = False) -> None:
     """Import MindSpore and every module of src/ but PyTorch's side (nothing of them runs), then stop
-    OpenBLAS's threads."""
+    OpenBLAS's threads. `with_torch`: PyTorch's side too, after MindSpore, as a run that needs it
+    imports it, and the dynamo compiler its optimizers import at their first construction."""
     sys.path.insert(0, str(REPO))
     from src.openmp import set_openmp_environment
     set_openmp_environment()  # as the entry points do before MindSpore loads OpenMP, which reads it once
@@ -99,8 +103,10 @@ def preload() -> None:
 
     import src
     for module in pkgutil.walk_packages(src.__path__, "src."):
-        if not module.name.startswith(SKIPPED):
+        if with_torch or not module.name.startswith(SKIPPED):
             importlib.import_module(module.name)
+    if with_torch:
+        import torch._dynamo  # noqa: F401
     sys.path.remove(str(REPO))
     REPO_MODULES.update(name for name in list(sys.modules) if "." not in name and _entry(name) == str(REPO))
     stop_openblas_threads()
@@ -305,7 +311,7 @@ def serve(requests, replies) -> int:
 
 def main() -> int:
     BASE_PATH[:] = sys.path[1:]  # sys.path[0] is this file's folder
-    printed = printed_by(preload)
+    printed = printed_by(functools.partial(preload, with_torch=TORCH_FLAG in sys.argv[3:]))
     # The preloaded heap lives in every child: frozen, no child's collection walks it (a child's exit
     # costs ~0.7 CPU-s less; the entry points' run_cli freezes it too) and its pages stay shared.
     gc.freeze()
