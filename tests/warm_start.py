@@ -1,5 +1,6 @@
 """A warm start for the suite's entry-point runs: a process that has imported MindSpore and this
-repository's modules once, and forks a child for each run (conftest.run). A child becomes what
+repository's modules once, and forks a child for each run (conftest.run); with --torch, PyTorch's
+side too, for the runs of the entry points that import it (conftest.TORCH_ENTRIES). A child becomes what
 `python SCRIPT ARGS...` (or `-m MODULE`, `-c PROGRAM`) would be in a fresh interpreter, started by
 subprocess.run(capture_output=True) with stdin from /dev/null (what pytest's capture gives a test):
 
