@@ -82,10 +82,8 @@ def resolve(requirements: List[str], machine: str, folder: Path) -> subprocess.C
 
 def failure_of(result: subprocess.CompletedProcess) -> str:
     """pip's ERROR line, or uv's error and its cause."""
-    lines = result.stderr.splitlines()
-    pip_error = next((line for line in lines if line.startswith("ERROR")), None)
-    return pip_error or " ".join(line.strip() for line in lines if line.startswith(("error:", "  cause:"))) or \
-        result.stderr[-500:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith(("ERROR", "error:", "  cause:"))]
+    return " ".join(line.strip() for line in lines[:2]) or result.stderr[-500:]
 
 
 TOP_FILES = sorted(path.name for path in REPO.glob("requirements*.txt"))

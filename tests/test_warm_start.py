@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import zipfile
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -39,17 +38,12 @@ def normalized(text: str) -> List[str]:
 
 def files(folder: Path) -> dict:
     """The files under `folder` by relative name: their bytes; metrics.csv's rows without the timing
-    columns; a TensorBoard events file by its name alone (wall times in every record); a PyTorch
-    file by its members' bytes (its archive's folder is named after the temporary file it was
-    written to, which holds the writer's pid)."""
+    columns; a TensorBoard events file by its name alone (wall times in every record)."""
     found = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         name = EVENTS.sub("events.out.tfevents.<time>.<host>.<pid>", str(path.relative_to(folder)))
         if EVENTS.match(path.name):
             found[name] = None
-        elif path.suffix == ".pth":
-            with zipfile.ZipFile(path) as archive:
-                found[name] = {member.split("/", 1)[1]: archive.read(member) for member in archive.namelist()}
         elif path.name == "metrics.csv":
             found[name] = [{key: value for key, value in row.items() if key not in TIMING_COLUMNS}
                            for row in read_metrics(path)]

@@ -372,7 +372,10 @@ def write_pth(state: "OrderedDict", target: str) -> None:
     torch = import_torch()
     staged = _staging_path(target, ".pth")
     try:
-        torch.save(state, staged)
+        with open(staged, "wb") as handle:
+            # Through a handle, the zip archive's folder is torch's fixed "archive"; given a path, it
+            # is named after the staging file, whose name holds the pid: every run's bytes differed.
+            torch.save(state, handle)
         back = torch.load(staged, map_location="cpu", weights_only=True)
         if list(back) != list(state) or any(not torch.equal(back[k], v) for k, v in state.items()):
             raise UserInputError(f"verification failed: {target} does not read back equal; not written")

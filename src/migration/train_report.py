@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 import mindspore as ms
 
 from src.files import atomic_target, write_atomic
+from src.migration.convert_torch import write_pth
 from src.migration.layer_diff import LayerRow
 
 # A loss floor above this: PyTorch's own float32 and float64 runs parted (rounding amplified).
@@ -61,14 +62,12 @@ def write_tables(folder: str, tables: Dict[str, Rows], layers: Rows, *, plot: bo
 
 def save_final(folder: str, net, step_cell, model_state) -> None:
     """final.ckpt (the network, and its EMA as ema.*) and final.pth, each written whole or not at all."""
-    import torch  # noqa: PLC0415
     params = [{"name": p.name, "data": p} for p in net.get_parameters()]
     if getattr(step_cell, "use_ema", False):
         params += [{"name": p.name, "data": p} for p in step_cell.ema_params]
-    for name, save in (("final.ckpt", lambda path: ms.save_checkpoint(params, path)),
-                       ("final.pth", lambda path: torch.save(model_state, path))):
-        with atomic_target(os.path.join(folder, name)) as staged:
-            save(staged)
+    with atomic_target(os.path.join(folder, "final.ckpt")) as staged:
+        ms.save_checkpoint(params, staged)
+    write_pth(model_state, os.path.join(folder, "final.pth"))
 
 
 def chaotic_note(steps: Rows) -> Optional[str]:
