@@ -24,6 +24,10 @@ Everything is fp32 on the CPU.
 Each configuration also lists the model's parameters, GFLOPs per image at its size (torchvision's
 convention: multiply-accumulates) and the GFLOP/s its training and evaluation achieved.
 """
+import gc
+
+gc.disable()  # while the modules load; run_cli collects again (src/errors.py)
+
 import argparse
 import importlib.util
 import json

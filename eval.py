@@ -20,6 +20,10 @@ the five most confused pairs after it; --save_predictions True adds predictions.
 Under a launcher (--run_distribute True), each rank evaluates its share of the samples and every
 rank reports the totals of the whole split.
 """
+import gc
+
+gc.disable()  # while the modules load; run_cli collects again (src/errors.py)
+
 from src.openmp import set_openmp_environment
 
 set_openmp_environment()  # before MindSpore is imported (it loads OpenMP, which reads it once)

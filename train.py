@@ -6,6 +6,10 @@
     bash scripts/run_distribute_train.sh DATASET_PATH CONFIG_PATH --workers 8
     python train.py --help                                   # every config key, its type and default
 """
+import gc
+
+gc.disable()  # while the modules load; run_cli collects again (src/errors.py)
+
 from src.openmp import set_openmp_environment
 
 set_openmp_environment()  # before MindSpore is imported (it loads OpenMP, which reads it once)

@@ -1,5 +1,6 @@
-"""OpenMP's settings: the kernel threads follow OMP_NUM_THREADS, and GOMP_SPINCOUNT is set before
-MindSpore loads, a user's own value kept (src/openmp.py, src/device.py)."""
+"""What an entry point does before MindSpore loads: OpenMP's settings (the kernel threads follow
+OMP_NUM_THREADS, GOMP_SPINCOUNT is set, a user's own value kept: src/openmp.py, src/device.py), and the
+collector kept off until run_cli (src/errors.py)."""
 import ast
 import os
 import subprocess
@@ -17,15 +18,37 @@ def test_omp_num_threads_sets_the_cpu_kernel_threads(monkeypatch, value, threads
     assert threads_from_environment() == threads
 
 
+LAUNCHED = ("train.py", "eval.py", "benchmark.py")  # what the launchers and benchmark.py start as fresh processes
+
+
+def first_statements(entry_point: str) -> list:
+    tree = ast.parse((REPO / entry_point).read_text())
+    return tree.body[1:] if isinstance(tree.body[0], ast.Expr) else tree.body  # after the docstring
+
+
 @pytest.mark.parametrize("entry_point", ["train.py", "eval.py", "train_parity.py"])
 def test_entry_points_set_openmp_before_anything_imports_mindspore(entry_point):
     """GNU OpenMP reads GOMP_SPINCOUNT once, when `import mindspore` loads it: the call must come
-    before every other import of the entry point (src/openmp.py)."""
-    tree = ast.parse((REPO / entry_point).read_text())
-    body = tree.body[1:] if isinstance(tree.body[0], ast.Expr) else tree.body  # after the docstring
+    before every other import of the entry point (src/openmp.py), but the collector's switch."""
+    body = first_statements(entry_point)
+    if entry_point in LAUNCHED:
+        body = body[2:]
     first_import, first_call = body[0], body[1]
     assert isinstance(first_import, ast.ImportFrom) and first_import.module == "src.openmp"
     assert ast.unparse(first_call) == "set_openmp_environment()"
+
+
+@pytest.mark.parametrize("entry_point", LAUNCHED)
+def test_launched_entry_points_import_with_the_collector_off(entry_point):
+    """Their imports allocate what lives as long as the process: no collection before run_cli."""
+    assert [ast.unparse(statement) for statement in first_statements(entry_point)[:2]] == ["import gc", "gc.disable()"]
+
+
+def test_run_cli_freezes_the_loaded_heap_and_collects_again():
+    probe = ("import gc, sys\ngc.disable()\nfrom src.errors import run_cli\n"
+             "run_cli(lambda argv: print(gc.isenabled(), gc.get_freeze_count() > 0) or 3)")
+    result = subprocess.run([PYTHON, "-c", probe], cwd=REPO, capture_output=True, text=True)
+    assert (result.returncode, result.stdout.split()) == (3, ["True", "True"]), result.stderr
 
 
 def test_openmp_spin_count_is_set_when_mindspore_loads_and_a_users_value_stays(tmp_path):
