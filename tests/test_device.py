@@ -54,15 +54,18 @@ def test_a_compiled_network_computes_alike_with_the_quicker_setter():
     assert net.compile_phase and net.layer1[0].conv1.compile_phase == net.compile_phase
 
 
-def test_every_entry_points_device_set_up_installs_it():
+def test_every_entry_points_device_set_up_installs_it_and_runs_cpu_ops_synchronously():
     """init_device (train.py, eval.py, export.py, predict.py, the benchmark's workers) installs the
-    setter; in a process of its own, since MindSpore takes the device once, before any kernel."""
-    script = ("import mindspore as ms\nfrom src.device import MINDSPORE_COMPILE_PHASE, init_device\n"
-              "before = ms.nn.Cell.compile_phase is MINDSPORE_COMPILE_PHASE\ninit_device('CPU')\n"
-              "print(before, ms.nn.Cell.compile_phase is MINDSPORE_COMPILE_PHASE)")
+    setter and, on CPU, MindSpore's synchronous launch; in a process of its own, since MindSpore takes
+    the device once, before any kernel."""
+    script = ("import mindspore as ms\nfrom mindspore._c_expression import RuntimeConf\n"
+              "from src.device import MINDSPORE_COMPILE_PHASE, init_device\n"
+              "def state(): return ms.nn.Cell.compile_phase is MINDSPORE_COMPILE_PHASE, "
+              "RuntimeConf.get_instance().is_launch_blocking()\n"
+              "before = state()\ninit_device('CPU')\nprint(*before, *state())")
     result = run([PYTHON, "-c", script])
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split()[-2:] == ["True", "False"]
+    assert result.stdout.split()[-4:] == ["True", "False", "False", "True"]
 
 
 @pytest.mark.parametrize("value, refused", [("1", True), (" 1\n", True), ("0", False), ("", False), (None, False)])
