@@ -150,6 +150,17 @@ def test_programs_run_warm_as_fresh(monkeypatch, tmp_path, name):
     assert_same(warm, fresh)
 
 
+def test_a_run_given_a_device_is_fresh(monkeypatch, tmp_path):
+    """MindSpore's context reads DEVICE_ID as it loads: a warm process loaded without it would give
+    the run device 0 where a fresh one has the device it was given."""
+    folder = tmp_path / "cwd"
+    program = "import mindspore as ms\nprint(ms.get_context('device_id'))\n"
+    warm, fresh = warm_and_fresh(monkeypatch, [PYTHON, "-c", program], folder, cwd=folder,
+                                 extra_env={"DEVICE_ID": "1"}, refused="DEVICE_ID")
+    assert warm[2] == ["1"], warm[1]
+    assert_same(warm, fresh)
+
+
 # What a program sees of its interpreter, printed as JSON (then its exit), and two draws of the
 # global generators (taken out before the comparison: they must differ from run to run).
 PROBE = """import json, os, random, sys

@@ -68,9 +68,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # Environment variables that the interpreter or a library reads as it loads (before the fork): a run
 # that changes one of them gets a fresh interpreter. LANG and LC_* set the locale (stdio's and the
-# file system's encodings), TZ the time zone (time.tzname), TMPDIR, TMP and TEMP tempfile's folder.
+# file system's encodings), TZ the time zone (time.tzname), TMPDIR, TMP and TEMP tempfile's folder;
+# MindSpore's context takes its default device_id from DEVICE_ID (read by getenv as it loads).
 WARM_UNSAFE_PREFIXES = ("PYTHON", "OMP_", "GOMP_", "KMP_", "LD_", "MALLOC_", "GLOG", "MS_", "OPENBLAS", "MKL_",
-                        "LANG", "LC_", "TZ", "TMP", "TEMP")
+                        "LANG", "LC_", "TZ", "TMP", "TEMP", "DEVICE_ID")
 WARM_SAFE = ("PYTHONUNBUFFERED",)
 # Read as the interpreter starts, but made in the child: the sys.path entries it adds (run_child).
 MADE_IN_CHILD = "PYTHONPATH"
