@@ -56,7 +56,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # The tests' own MindSpore ops (PyNative networks, optimizer steps, gradients) run synchronously, on the
 # calling thread: with MindSpore's default asynchronous dispatch the calling thread spun waiting for
 # its queue threads, and test_train_step, test_resnet, test_optimizer and test_loss took 14% more CPU
-# time (60.5 against 52.0 CPU-s, the same results). The runs the tests start keep MindSpore's default.
+# time (60.5 against 52.0 CPU-s, the same results). The entry points do the same (src/device.py).
 import mindspore  # noqa: E402 - after the settings it reads as it loads
 
 mindspore.runtime.launch_blocking()
