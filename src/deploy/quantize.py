@@ -92,8 +92,11 @@ def quantize_onnx(float_path: str, int8_path: str, batches: Iterable[np.ndarray]
     prepared = os.path.join(workdir, "prepared.onnx")
     onnx.save(model, upgraded)
     # Shape inference and graph optimization first (BatchNorm folded into the convolutions), as
-    # onnxruntime recommends: ranges are then calibrated on the tensors that get quantized.
-    quant_pre_process(upgraded, prepared)
+    # onnxruntime recommends: ranges are then calibrated on the tensors that get quantized. ONNX's own
+    # shape inference covers our fixed-shape files; the symbolic one is skipped because it imports
+    # onnxruntime.tools, which imports PyTorch where it is installed (~2 CPU-s). The int8 file's nodes
+    # and weights come out the same; it lacks one shape annotation (the last MatMul's output).
+    quant_pre_process(upgraded, prepared, skip_symbolic_shape=True)
     reader = _BatchReader(model.graph.input[0].name, iter(batches), num_batches)
     quantization.quantize_static(
         prepared, int8_path, reader, quant_format=quantization.QuantFormat.QDQ, per_channel=True,
