@@ -138,6 +138,12 @@ PROGRAMS = {
     "leaves a process": ("import os, subprocess, sys\n"
                          f"subprocess.Popen([sys.executable, '-S', '-c', {ORPHAN!r}, str(os.getpid())])\n"
                          "print('child ends', file=sys.stderr)\n", 0),
+    # its end in C: a file written through C stdio's buffer and never closed, a C exit handler of its own
+    "ends in C": ("import ctypes\nlibc = ctypes.CDLL(None)\n"
+                  "libc.fopen.restype = libc.strdup.restype = ctypes.c_void_p\n"
+                  "libc.fputs(b'left in the buffer', ctypes.c_void_p(libc.fopen(b'unclosed.txt', b'w')))\n"
+                  "libc.__cxa_atexit(ctypes.cast(libc.puts, ctypes.c_void_p), "
+                  "ctypes.c_void_p(libc.strdup(b'printed by its exit handler')), None)\n", 0),
 }
 
 
@@ -147,7 +153,47 @@ def test_programs_run_warm_as_fresh(monkeypatch, tmp_path, name):
     folder = tmp_path / "cwd"
     warm, fresh = warm_and_fresh(monkeypatch, [PYTHON, "-c", program], folder, cwd=folder)
     assert warm[0] == returncode, warm[1]
+    if name == "ends in C":  # what exit() does in C, seen in the fresh run
+        assert fresh[3] == {"unclosed.txt": b"left in the buffer"} and fresh[2] == ["printed by its exit handler"]
     assert_same(warm, fresh)
+
+
+# Side effects a C exit handler could have: writes, files made or changed, messages, signals.
+SIDE_EFFECTS = ("write,writev,pwrite64,pwritev,pwritev2,open,openat,creat,unlink,unlinkat,rename,renameat,renameat2,"
+                "mkdir,mkdirat,rmdir,truncate,ftruncate,fsync,fdatasync,connect,sendto,sendmsg,kill,tkill,tgkill,"
+                "exit_group")
+EXIT_MARK = "the C exit handlers registered before this point begin"
+# A fresh interpreter that imports what the PyTorch warm process imports, registers a C exit handler
+# that writes EXIT_MARK (where a warm child registers its end), and runs train.py as `python train.py`.
+FORKED_HERE = f"""import ctypes, runpy, sys
+sys.path.insert(0, {str(REPO / "tests")!r})
+import warm_start
+warm_start.preload(with_torch=True)
+libc = ctypes.CDLL(None)
+libc.strdup.restype = ctypes.c_void_p
+libc.__cxa_atexit(ctypes.cast(libc.perror, ctypes.c_void_p), ctypes.c_void_p(libc.strdup({EXIT_MARK.encode()!r})), None)
+sys.argv, sys.path[0] = sys.argv[1:], {str(REPO)!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(not shutil.which("strace"), reason="strace is not installed (apt-get install strace)")
+def test_the_exit_handlers_a_warm_run_skips_do_nothing_in_a_fresh_one(tmp_path, cifar_dir):
+    """A warm child ends before the C exit handlers registered before the fork (warm_start.py,
+    skip_preloaded_exit_handlers). In a fresh training that registers its mark where the fork would be,
+    those handlers, which run after the mark, make no system call with an effect but the exit."""
+    trace = tmp_path / "trace"
+    out = tmp_path / "run"
+    train = ["train.py", "--config_path", str(CONFIG), "--net_name", "resnet10", "--data_path", str(cifar_dir),
+             "--batch_size", "100", "--epoch_size", "1", "--warmup_epochs", "0", "--run_eval", "False",
+             "--output_dir", str(out), *NO_CURVES]
+    result = run(["strace", "-f", "-qq", "--seccomp-bpf", "-s", "200", "-e", f"trace={SIDE_EFFECTS}", "-o", str(trace),
+                  PYTHON, "-c", FORKED_HERE, *train])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "resnet10" / "cifar10" / "resnet10-1_2.ckpt").is_file()  # it trained and saved
+    calls = [line.split(None, 1)[1] for line in trace.read_text().splitlines()]
+    (mark,) = [i for i, call in enumerate(calls) if EXIT_MARK in call]
+    assert [call.split("(")[0] for call in calls[mark + 1:]] == ["exit_group"], calls[mark + 1:]
 
 
 def test_a_run_given_a_device_is_fresh(monkeypatch, tmp_path):

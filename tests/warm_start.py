@@ -20,7 +20,11 @@ subprocess.run(capture_output=True) with stdin from /dev/null (what pytest's cap
   status 1; SystemExit handled by the interpreter itself; an uncaught KeyboardInterrupt printed,
   then the interpreter finalizes and kills itself with SIGINT, as CPython does;
 - the global generators of `random` and numpy seeded from the OS, the warnings' registries
-  (`__warningregistry__`, 'once') emptied.
+  (`__warningregistry__`, 'once') emptied;
+- its end: the interpreter finalizes as a fresh one does (threads joined, atexit handlers, modules
+  cleared), then exit() runs the C exit handlers registered since the fork (those of the libraries
+  the run loaded, and the static objects it first used) and flushes C stdio, and there the child
+  ends (skip_preloaded_exit_handlers).
 
 What cannot differ: preload() prints nothing (its stdout and stderr are captured, fds and C stdio
 alike; conftest refuses the warm start when they are not empty, for a fresh interpreter would print
@@ -33,7 +37,7 @@ differs in what is read as the interpreter or a library loads (WARM_UNSAFE_PREFI
 made here, unless this process itself was started with one), and for anything that is not a Python
 script, `-m` module or `-c` program.
 
-The one difference left is Python's string hash seed, fixed as an interpreter starts. It decides
+Two differences are left. One is Python's string hash seed, fixed as an interpreter starts. It decides
 hash() of str, bytes and datetime objects, and so the order in which a set of them iterates (dicts
 keep insertion order). One run cannot tell it from a fresh one's: the warm process draws its own at
 random, as a fresh interpreter does. The runs of one warm process share it, so two runs of one test
@@ -42,6 +46,13 @@ two runs could pass warm where fresh runs would show an output that depends on t
 cannot fail for it. The repository's rule (every random choice is a pure function of seed, epoch and
 index) allows no such output, and RESNET_TESTS_COLD=1 gives every run its own seed. A run that sets
 PYTHONHASHSEED is fresh (the PYTHON prefix).
+
+The other: the C exit handlers registered before the fork, the destructors of the preloaded
+libraries' static objects (MindSpore's registries, PyTorch's), do not run in a child. In the forked
+heap they only free memory, each page copied on write first: ~0.1 CPU-s of every run, of the ~0.2
+that a warm run of nothing costs. A fresh interpreter runs them after Python has finished;
+test_warm_start.py traces a fresh training that starts as this process does, and they make no
+system call with an effect but the exit.
 
 Protocol, JSON lines over two pipes (the file descriptors in argv): this process says {ready,
 printed} (what preload() printed) once; a request {argv, cwd, env, stdout, stderr} (two FIFOs the
@@ -220,9 +231,21 @@ def refusal(request: dict, shadowed: list) -> str:
     return ""
 
 
+def skip_preloaded_exit_handlers() -> None:
+    """Make exit() end the process once it has run the C exit handlers registered from now on.
+
+    exit() runs its handlers newest first, then flushes C stdio: the two registered here run after
+    every later one (the run's) and before every earlier one (the preloaded libraries'): fflush(NULL)
+    as exit() would flush, then _exit with exit()'s status (on_exit passes it)."""
+    libc = ctypes.CDLL(None)
+    libc.on_exit(ctypes.cast(libc._exit, ctypes.c_void_p), None)
+    libc.__cxa_atexit(ctypes.cast(libc.fflush, ctypes.c_void_p), None, None)
+
+
 def run_child(request: dict, stale: list) -> int:
     """In the forked child: become `python ARGV...` and run it; its exit status (SystemExit and an
     uncaught KeyboardInterrupt go on to the interpreter, which ends as a fresh one would)."""
+    skip_preloaded_exit_handlers()
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         opened = os.open(path, os.O_WRONLY)
         os.dup2(opened, fd)
