@@ -152,15 +152,16 @@ def test_a_rank_killed_mid_run_is_named_by_the_launcher(cifar_dir, tmp_path):
     """msrun reports a dead worker by process id only; the launcher names its rank."""
     launcher = subprocess.Popen(["bash", DIST_SH, str(cifar_dir), CONFIG, "--device_target", "CPU", "--output_dir",
                                  str(tmp_path), "--workers", "2", "--master_port", str(free_port()),
-                                 "--epoch_size", "1", "--log_interval", "1", "--run_eval", "False"],
+                                 "--net_name", "resnet10", "--epoch_size", "1", "--log_interval", "1",
+                                 "--run_eval", "False"],
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True,
                                 # MindSpore's heartbeat timeout (30 s by default): how long msrun's
                                 # scheduler waits for the dead rank before everything exits
                                 env=dict(os.environ, MS_NODE_TIMEOUT="8"))
     try:
-        wait_for_step(tmp_path / "resnet18" / "cifar10", 1, launcher)
-        (pids,) = (tmp_path / "resnet18" / "cifar10" / "logs").glob("*/rank_pids.txt")
+        wait_for_step(tmp_path / "resnet10" / "cifar10", 1, launcher)
+        (pids,) = (tmp_path / "resnet10" / "cifar10" / "logs").glob("*/rank_pids.txt")
         victim = next(pid for pid, rank in (line.split() for line in pids.read_text().splitlines()) if rank == "1")
         os.kill(int(victim), signal.SIGKILL)
         _, stderr = launcher.communicate(timeout=120)
