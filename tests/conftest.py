@@ -17,7 +17,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pytest
 
@@ -278,13 +278,8 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
     warning) starts fresh."""
     full_env = run_environment(os.environ if env is None else env)
     cwd = str(cwd or REPO)
-    # A warm start fits this interpreter on a script, `-m` or `-c`, with nothing changed that the
-    # interpreter or a library reads as it loads.
-    python_run, cold = _python_run(args), os.environ.get(COLD) == "1"
-    warm_process = _WARM[_entry_name(args) in TORCH_ENTRIES]
-    differing = warm_unsafe_keys(full_env, warm_process.environment()) if python_run and not cold else []
-    warm = python_run and not cold and not differing and os.path.isdir(cwd)
-    refused = f"the environment differs from the warm process's in {', '.join(differing)}" if differing else ""
+    warm_process, refused = _warm_for(args, full_env)
+    warm = refused is None and os.path.isdir(cwd)
     if warm:
         try:
             result, cpu_s = warm_process.run(args, cwd, full_env, timeout)
@@ -294,12 +289,22 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
                 _refusals_told.add(refused)
                 warnings.warn(f"warm start refused, running fresh: {refused}", stacklevel=2)
     if not warm:
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        children = _children_cpu_s()
         result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu_s = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
-    _count_run(args, cpu_s, result.returncode, warm, refused)
+        _count_run(args, _children_cpu_s() - children, result.returncode, False, refused or "")
     return result
+
+
+def _warm_for(args: List[str], full_env: dict) -> Tuple["WarmStart", Optional[str]]:
+    """The warm process for `args`, and None where it may start them, else why not ("" for what
+    always starts fresh: a command that is not a Python script, `-m` or `-c`, and RESNET_TESTS_COLD=1)."""
+    warm_process = _WARM[_entry_name(args) in TORCH_ENTRIES]
+    if not _python_run(args) or os.environ.get(COLD) == "1":
+        return warm_process, ""
+    # A warm start fits this interpreter with nothing changed that the interpreter or a library reads as it loads.
+    differing = warm_unsafe_keys(full_env, warm_process.environment())
+    return warm_process, f"the environment differs from the warm process's in {', '.join(differing)}" if differing \
+        else None
 
 
 def _python_run(args: List[str]) -> bool:
@@ -338,6 +343,7 @@ class WarmStart:
         self.folder = ""
         self.runs = 0
         self.refusal = ""  # why no run may start warm this session
+        self.running: Optional["WarmRun"] = None  # the run started last
 
     def environment(self) -> dict:
         """The environment the warm process started with (this worker's, unbuffered), or will start
@@ -383,12 +389,27 @@ class WarmStart:
 
     def run(self, args: List[str], cwd: str, env: dict, timeout: float) -> Tuple[subprocess.CompletedProcess, float]:
         """Run `args` as a child of the warm process: its result as subprocess.run's, and its CPU seconds."""
+        started = self.start(args, cwd, env)
+        try:
+            started.communicate(timeout)
+        except subprocess.TimeoutExpired:
+            started.kill()  # as subprocess.run does: the run ends, and what it wrote is raised with it
+            started.stop_reading()
+            raise subprocess.TimeoutExpired(args, timeout, *started.output) from None
+        return subprocess.CompletedProcess(args, started.returncode, *started.output), started.cpu_s
+
+    def start(self, args: List[str], cwd: str, env: dict, merge_stderr: bool = False,
+              new_session: bool = False) -> "WarmRun":
+        """Start `args` as a child of the warm process (its stderr into its stdout with
+        `merge_stderr`, in a session of its own with `new_session`) and return at once."""
         if not self.refusal and (self.process is None or self.process.poll() is not None):
             self._start()
         if self.refusal:
             raise WarmStartRefused(self.refusal)
+        if self.running is not None and self.running.poll() is None:
+            raise WarmStartRefused("the warm process is running another command")  # it waits for one at a time
         self.runs += 1
-        paths = [os.path.join(self.folder, f"{self.runs}.{name}") for name in ("stdout", "stderr")]
+        paths = [os.path.join(self.folder, f"{self.runs}.{name}") for name in ("stdout", "stderr")[:2 - merge_stderr]]
         readers: List[int] = []
         held: List[int] = []  # write ends, closed when the run's exit status has come
         try:
@@ -397,64 +418,21 @@ class WarmStart:
                 readers.append(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
                 held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
             self.requests.write(json.dumps({"argv": [str(arg) for arg in args], "cwd": cwd, "env": env,
-                                            "stdout": paths[0], "stderr": paths[1]}) + "\n")
+                                            "stdout": paths[0], "stderr": paths[-1],
+                                            "new_session": new_session}) + "\n")
             self.requests.flush()
-            started = self._reply(None)
-            if "refused" in started:
-                raise WarmStartRefused(started["refused"])
-            assert "pid" in started, self._ended()
-            return self._collect(args, started["pid"], readers, held, timeout)
-        finally:
+            reply = self._reply(None)
+            if "refused" in reply:
+                raise WarmStartRefused(reply["refused"])
+            assert "pid" in reply, self._ended()
+        except BaseException:
             for fd in readers + held:
                 os.close(fd)
             for path in paths:
                 Path(path).unlink(missing_ok=True)
-
-    def _collect(self, args: List[str], pid: int, readers: List[int], held: List[int],
-                 timeout: float) -> Tuple[subprocess.CompletedProcess, float]:
-        """Read the run's output until EOF and its exit status, within `timeout` seconds."""
-        try:
-            process = os.pidfd_open(pid)  # signals this process, never another that took its pid
-        except ProcessLookupError:
-            process = None  # ended and reaped already: its status is on the way
-        deadline, output = time.monotonic() + timeout, {fd: bytearray() for fd in readers}
-        ended, reading, timed_out = None, set(readers), False
-        try:
-            while ended is None or reading:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    timed_out = True
-                    if ended is None and process is not None:
-                        signal.pidfd_send_signal(process, signal.SIGKILL)
-                    ended = ended or self._reply(None)
-                    break
-                ready = select.select([*reading] + ([self.replies] if ended is None else []), [], [], left)[0]
-                if self.replies in ready:
-                    ended = self._reply(0)
-                    if ended is not None:
-                        assert "status" in ended, self._ended()
-                        for fd in held:
-                            os.close(fd)  # from now on a read ends when the run's processes have closed theirs
-                        held.clear()
-                for fd in set(ready) & reading:
-                    try:
-                        chunk = os.read(fd, 65536)
-                    except BlockingIOError:
-                        continue
-                    output[fd] += chunk
-                    if not chunk:
-                        reading.discard(fd)
-        finally:
-            if process is not None:
-                os.close(process)
-        assert "status" in ended, self._ended()
-        self.cpu_s += ended["cpu_s"]
-        stdout, stderr = (bytes(output[fd]) for fd in readers)
-        if timed_out:
-            raise subprocess.TimeoutExpired(args, timeout, stdout or None, stderr or None)
-        text = [data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
-                for data in (stdout, stderr)]  # as subprocess.run(text=True)
-        return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(ended["status"]), *text), ended["cpu_s"]
+            raise
+        self.running = WarmRun(self, args, reply["pid"], readers, held, paths)
+        return self.running
 
     def close(self) -> None:
         """End the warm process and wait for it (its children's CPU time then counts as this process's)."""
@@ -467,6 +445,139 @@ class WarmStart:
         self.process, self.cpu_s, self.folder = None, 0.0, ""
 
 
+class WarmRun:
+    """A run of the warm process while it runs: as much of subprocess.Popen (text mode, its output
+    captured) as the tests use. Its output is two FIFOs of its own (one with merged stderr), read
+    until every process holding them has closed them; its exit status and CPU seconds come from the
+    warm process, which waits for it (pid), and are counted in the work record when they come."""
+
+    def __init__(self, warm: WarmStart, args: List[str], pid: int, readers: List[int], held: List[int],
+                 paths: List[str]):
+        self.warm, self.args, self.pid = warm, args, pid
+        self.readers, self.held, self.paths = readers, held, paths
+        try:
+            self.pidfd: Optional[int] = os.pidfd_open(pid)  # signals this run, never another that took its pid
+        except ProcessLookupError:
+            self.pidfd = None  # ended and reaped already: its status is on the way
+        self.data = {fd: bytearray() for fd in readers}
+        self.reading = set(readers)
+        self.returncode: Optional[int] = None
+        self.cpu_s = 0.0
+
+    @property
+    def output(self) -> Tuple[Optional[str], Optional[str]]:
+        """(stdout, stderr) as subprocess's text mode decodes them; stderr None when merged."""
+        text = [bytes(self.data[fd]).decode(locale.getpreferredencoding(False)).replace("\r\n", "\n")
+                .replace("\r", "\n") for fd in self.readers]
+        return text[0], text[1] if len(text) > 1 else None
+
+    def _pump(self, timeout: Optional[float]) -> None:
+        """Read what has come within `timeout` seconds: output, and the exit status once."""
+        ready = select.select([*self.reading] + ([self.warm.replies] if self.returncode is None else []), [], [],
+                              timeout)[0]
+        if self.warm.replies in ready:
+            self._ended(self.warm._reply(0))
+        for fd in set(ready) & self.reading:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            self.data[fd] += chunk
+            if not chunk:
+                self.reading.discard(fd)
+                os.close(fd)
+
+    def _ended(self, reply: Optional[dict]) -> None:
+        if reply is None:
+            return
+        assert "status" in reply, self.warm._ended()
+        self.returncode, self.cpu_s = os.waitstatus_to_exitcode(reply["status"]), reply["cpu_s"]
+        self.warm.cpu_s += self.cpu_s
+        for fd in self.held:
+            os.close(fd)  # from now on a read ends when the run's processes have closed theirs
+        self.held.clear()
+        for path in self.paths:
+            Path(path).unlink(missing_ok=True)  # opened by the run as it started
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        _count_run(self.args, self.cpu_s, self.returncode, True)
+
+    def poll(self) -> Optional[int]:
+        self._pump(0)
+        return self.returncode
+
+    def stop_reading(self) -> None:
+        """Wait for its exit status, then stop reading what its processes left behind may still write."""
+        while self.returncode is None:
+            self._pump(None)
+        for fd in self.reading:
+            os.close(fd)
+        self.reading.clear()
+
+    def communicate(self, timeout: Optional[float] = None) -> Tuple[Optional[str], Optional[str]]:
+        """Its output once it has ended and every process holding its output has closed it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None or self.reading:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout, *self.output)
+            self._pump(left)
+        return self.output
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        self.communicate(timeout)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None and self.pidfd is not None:
+            signal.pidfd_send_signal(self.pidfd, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start(args: List[str], env: Optional[dict] = None, merge_stderr: bool = False,
+          new_session: bool = False) -> "Started":
+    """Start a command of the project in the repository and return at once (for a test that signals it
+    while it runs): from the warm process where conftest.run would start it warm, else fresh, as
+    subprocess.Popen(text=True) with stdout and stderr piped (`merge_stderr`: stderr into stdout;
+    `new_session`: start_new_session). Its run is counted in the work record when it has ended."""
+    full_env = run_environment(os.environ if env is None else env)
+    warm_process, refused = _warm_for(args, full_env)
+    if refused is None:
+        try:
+            return warm_process.start(args, str(REPO), full_env, merge_stderr, new_session)
+        except WarmStartRefused as refusal:
+            refused = str(refusal)
+    return FreshRun(args, refused, cwd=REPO, env=full_env, text=True, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=new_session)
+
+
+class FreshRun(subprocess.Popen):
+    """subprocess.Popen, its run counted in the work record once it has been waited for."""
+
+    def __init__(self, args: List[str], refused: str, **options):
+        self.refused, self.counted, self.children_before = refused, False, _children_cpu_s()
+        super().__init__(args, **options)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        returncode = super().wait(timeout)
+        if not self.counted:
+            self.counted = True
+            _count_run(self.args, _children_cpu_s() - self.children_before, returncode, False, self.refused)
+        return returncode
+
+
+Started = Union[WarmRun, FreshRun]  # what start() returns
+
+
+def _children_cpu_s() -> float:
+    """The CPU seconds of this process's children waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 # The entry points that import PyTorch start from a warm process that has imported it too; the rest
 # from one that has not (a fresh run of them never loads it).
 TORCH_ENTRIES = ("train_parity.py", "src.migration.parity", "src.migration.convert_torch",
@@ -475,7 +586,7 @@ _WARM = {False: WarmStart(), True: WarmStart(with_torch=True)}
 COLD = "RESNET_TESTS_COLD"
 
 
-def wait_for_step(folder: Path, step: int, process: subprocess.Popen, timeout: float = 300) -> None:
+def wait_for_step(folder: Path, step: int, process: Started, timeout: float = 300) -> None:
     """Wait until the run record (metrics.csv) in `folder` holds global step `step`, while
     `process` trains (a stop signal sent then lands mid-run, not during start-up)."""
     deadline = time.time() + timeout

@@ -2,12 +2,11 @@
 of a folder without checkpoints (best.ckpt following the EMA: tests/test_rank_statistics.py). (A
 module of its own so the suite's workers share the resume tests' time.)"""
 import os
-import subprocess
 
 import mindspore as ms
 import pytest
 
-from conftest import REPO, train_args
+from conftest import start, train_args
 from src.errors import UserInputError
 from src.training.checkpoint import read_checkpoint, rotate
 from test_resume import CONFIG, NET, RUN, TRAIN, kill_when
@@ -19,9 +18,8 @@ def test_kill_during_saves_leaves_only_loadable_checkpoints(cifar_dir, tmp_path)
     # A checkpoint every step: most of the time is spent saving, so the kills land mid-save.
     for attempt, delay in enumerate((0.05, 0.2, 0.45)):
         out = tmp_path / str(attempt)
-        process = subprocess.Popen(train_args(TRAIN, cifar_dir, out, "--epoch_size", "3", "--save_checkpoint_steps",
-                                              "1", "--keep_checkpoint_max", "3"),
-                                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        process = start(train_args(TRAIN, cifar_dir, out, "--epoch_size", "3", "--save_checkpoint_steps", "1",
+                                   "--keep_checkpoint_max", "3"))
         kill_when(process, out / RUN / f"{NET}-1_2.ckpt", delay)
         finals = sorted((out / RUN).glob(f"{NET}-*.ckpt"))
         assert finals

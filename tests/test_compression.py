@@ -4,7 +4,6 @@ one line with nothing written; and commands that do not compress never import Go
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +18,7 @@ from conftest import (
     one_line_error,
     read_metrics,
     run,
+    start,
     train_args,
     wait_for_step,
 )
@@ -140,7 +140,7 @@ def test_a_killed_qat_run_relaunched_with_the_same_command_ends_with_the_uninter
     checkpoint written; the relaunch resumes there, quantizer ranges included."""
     command = train_args(TRAIN, cifar_dir, tmp_path, *QAT, "--pre_trained", str(float_ckpt),
                          "--save_checkpoint_steps", "3", "--resume", "True")
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start(command)
     wait_for_step(tmp_path / RUN, 4, process)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=120)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mindspore.mindrecord import FileWriter
 
-from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run
+from conftest import NO_CURVES, PYTHON, REPO, read_metrics, run, start
 from src.data import mindrecord
 from src.data.bad_samples import scan_unreadable
 from src.data.mindrecord import prepare_partial
@@ -112,8 +112,7 @@ def test_an_interrupted_conversion_never_looks_finished_and_goes_on_when_run_aga
     output, partial = tmp_path / "train", tmp_path / "train.partial"
     command = [PYTHON, "-m", "src.data.mindrecord", "--data_path", str(sample_root / "imagenet" / "train"),
                "--output", str(output), "--shards", "100", "--workers", "1"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = start(command, new_session=True)
     deadline = time.time() + 120
     while done_markers(partial) < 2:
         assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]

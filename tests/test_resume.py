@@ -13,7 +13,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import NO_CURVES, PYTHON, REPO, one_line_error, read_metrics, run, train_args, wait_for_step
+from conftest import (
+    NO_CURVES,
+    PYTHON,
+    REPO,
+    Started,
+    one_line_error,
+    read_metrics,
+    run,
+    start,
+    train_args,
+    wait_for_step,
+)
 from src.config import read_yaml
 from src.training.board import event_files
 from src.training.checkpoint import EMA_PREFIX, list_checkpoints, network_part, read_checkpoint
@@ -56,7 +67,7 @@ def weights(path: Path) -> dict:
             if not k.startswith(("learning_rate",))}
 
 
-def kill_when(process: subprocess.Popen, path: Path, delay: float = 0.0, timeout: float = 300) -> None:
+def kill_when(process: Started, path: Path, delay: float = 0.0, timeout: float = 300) -> None:
     """SIGKILL `process` `delay` seconds after `path` appears."""
     deadline = time.time() + timeout
     while not path.exists():
@@ -104,7 +115,7 @@ def relaunched(tmp_path_factory, cifar_dir) -> tuple:
     out = tmp_path_factory.mktemp("relaunched")
     folder = out / RUN
     command = train_args(TRAIN, cifar_dir, out, *STRAIGHT)
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start(command)
     wait_for_step(folder, 16, process)
     process.send_signal(signal.SIGTERM)
     stopped = subprocess.CompletedProcess(command, None, *process.communicate(timeout=120))
@@ -288,7 +299,7 @@ def test_relaunched_after_random_kills_ends_with_the_uninterrupted_weights(unint
     # the moments: once during start-up (seconds after launch), then twice at a random step beyond
     # what is recorded, a random fraction of a step later (a step takes ~0.1 s)
     for launch in range(3):
-        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        process = start(command, merge_stderr=True)
         if launch == 0:
             moment = f"{rng.uniform(0.5, 2.0):.2f} s after launch"  # importing and compiling
             time.sleep(float(moment.split()[0]))

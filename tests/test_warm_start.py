@@ -8,6 +8,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -156,6 +158,46 @@ def test_programs_run_warm_as_fresh(monkeypatch, tmp_path, name):
     if name == "ends in C":  # what exit() does in C, seen in the fresh run
         assert fresh[3] == {"unclosed.txt": b"left in the buffer"} and fresh[2] == ["printed by its exit handler"]
     assert_same(warm, fresh)
+
+
+# Runs until it is signalled, once it has written to stdout and stderr and made the file in argv.
+SIGNALLED = """import sys, time
+print('to stdout', flush=True)
+print('to stderr', file=sys.stderr, flush=True)
+print('to stdout again', flush=True)
+open(sys.argv[1], 'w').close()
+while True:
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.parametrize("signum, new_session", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_a_started_run_is_signalled_as_a_fresh_one(monkeypatch, tmp_path, signum, new_session):
+    """conftest.start, warm and fresh: stderr merged into stdout in the order written, the run signalled
+    while it runs (SIGINT to its whole session, as Ctrl-C is), its exit and output as a fresh run's."""
+    outcomes = []
+    for cold in (False, True):
+        ready = tmp_path / f"ready-{cold}"
+        if cold:
+            monkeypatch.setenv(COLD, "1")
+        else:
+            monkeypatch.delenv(COLD, raising=False)
+        process = conftest.start([PYTHON, "-c", SIGNALLED, str(ready)], merge_stderr=True, new_session=new_session)
+        assert isinstance(process, conftest.WarmRun) is not cold
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.02)
+        if new_session:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+        outcomes.append((*process.communicate(timeout=60), process.wait()))
+    monkeypatch.delenv(COLD, raising=False)
+    assert outcomes[0] == outcomes[1]
+    output, stderr, returncode = outcomes[0]
+    assert returncode == -signum and stderr is None
+    assert output.splitlines()[:3] == ["to stdout", "to stderr", "to stdout again"]
 
 
 # Side effects a C exit handler could have: writes, files made or changed, messages, signals.

@@ -55,10 +55,10 @@ test_warm_start.py traces a fresh training that starts as this process does, and
 system call with an effect but the exit.
 
 Protocol, JSON lines over two pipes (the file descriptors in argv): this process says {ready,
-printed} (what preload() printed) once; a request {argv, cwd, env, stdout, stderr} (two FIFOs the
-caller reads until EOF) is answered {refused} (why the caller should run it fresh), or {pid} as the
-child starts and {status, cpu_s} when it has ended (os.wait4's status and the child's user + system
-seconds).
+printed} (what preload() printed) once; a request {argv, cwd, env, stdout, stderr, new_session} (two
+FIFOs the caller reads until EOF, or one for both; a session of its own) is answered {refused} (why
+the caller should run it fresh), or {pid} as the child starts and {status, cpu_s} when it has ended
+(os.wait4's status and the child's user + system seconds).
 """
 import builtins
 import ctypes
@@ -253,6 +253,8 @@ def run_child(request: dict, stale: list) -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    if request.get("new_session"):
+        os.setsid()  # as subprocess.Popen(start_new_session=True) does in its child
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
