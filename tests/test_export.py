@@ -35,13 +35,13 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def checkpoints(workdir, cifar_dir, folder_dir) -> Dict[str, Tuple[Path, List[str]]]:
     """One epoch of training each: resnet10 (the smallest basic-block network) on the JPEG class folders,
-    resnet50 (bottleneck) on CIFAR-10 files.
+    resnet14 (the smallest bottleneck network) on CIFAR-10 files.
     Maps net name to (checkpoint, the config overrides that describe it)."""
     return {
         "resnet10": (train(workdir / "train", "resnet10", "imagenet2012", folder_dir),
                      ["--net_name", "resnet10", "--dataset", "imagenet2012", "--eval_image_size", str(SIZE)]),
-        "resnet50": (train(workdir / "train", "resnet50", "cifar10", cifar_dir),
-                     ["--net_name", "resnet50", "--dataset", "cifar10", "--eval_image_size", str(SIZE)]),
+        "resnet14": (train(workdir / "train", "resnet14", "cifar10", cifar_dir),
+                     ["--net_name", "resnet14", "--dataset", "cifar10", "--eval_image_size", str(SIZE)]),
     }
 
 
@@ -96,7 +96,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("file_format", ["MINDIR", "ONNX"])
-@pytest.mark.parametrize("net_name", ["resnet10", "resnet50"])
+@pytest.mark.parametrize("net_name", ["resnet10", "resnet14"])
 def test_export_verifies_against_checkpoint(exported, net_name, file_format):
     report = exported(net_name, file_format)
     path = Path(report["path"])
@@ -247,12 +247,12 @@ def test_predict_cifar_model_on_png_files(exported, checkpoints, cifar_dir, tmp_
     folder.mkdir()
     for index, image in enumerate(source.images):
         Image.fromarray(image).save(folder / f"{index:03d}.png")
-    model = exported("resnet50", "ONNX")["path"]
+    model = exported("resnet14", "ONNX")["path"]
     result = run([PYTHON, "predict.py", model, str(folder), "--dataset", "cifar10",
                   "--labels", str(cifar_dir), "--top_k", "3"])
     assert result.returncode == 0, result.stderr[-3000:]
     predictions = last_json(result.stdout)["predictions"]
-    logits, _ = reference_logits("resnet50", checkpoints["resnet50"][0], "cifar10", cifar_dir)
+    logits, _ = reference_logits("resnet14", checkpoints["resnet14"][0], "cifar10", cifar_dir)
     names = (cifar_dir / "batches.meta.txt").read_text().split()
     assert [p["top_k"][0]["index"] for p in predictions] == logits.argmax(1).tolist()
     assert [p["top_k"][0]["label"] for p in predictions] == [names[i] for i in logits.argmax(1)]

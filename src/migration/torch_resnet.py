@@ -123,6 +123,10 @@ def resnet34(num_classes: int = 1000) -> ResNet:
     return ResNet(BasicBlock, [3, 4, 6, 3], num_classes)
 
 
+def resnet14(num_classes: int = 1000) -> ResNet:
+    return ResNet(Bottleneck, [1, 1, 1, 1], num_classes)
+
+
 def resnet50(num_classes: int = 1000) -> ResNet:
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)
 
