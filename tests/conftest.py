@@ -526,6 +526,7 @@ class WarmRun:
         return self.output
 
     def wait(self, timeout: Optional[float] = None) -> int:
+        """Its exit code; unlike Popen.wait, once its output is read to the end too (communicate)."""
         self.communicate(timeout)
         return self.returncode
 
