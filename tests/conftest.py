@@ -282,7 +282,7 @@ def run(args: List[str], cwd: Optional[Path] = None, timeout: int = 600,
     warm = refused is None and os.path.isdir(cwd)
     if warm:
         try:
-            result, cpu_s = warm_process.run(args, cwd, full_env, timeout)
+            result = warm_process.run(args, cwd, full_env, timeout)
         except WarmStartRefused as refusal:
             warm, refused = False, str(refusal)
             if refused not in _refusals_told:
@@ -387,8 +387,9 @@ class WarmStart:
     def _ended(self) -> str:
         return f"the warm process ended ({self.process.wait()}); RESNET_TESTS_COLD=1 runs without it"
 
-    def run(self, args: List[str], cwd: str, env: dict, timeout: float) -> Tuple[subprocess.CompletedProcess, float]:
-        """Run `args` as a child of the warm process: its result as subprocess.run's, and its CPU seconds."""
+    def run(self, args: List[str], cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        """Run `args` as a child of the warm process: its result as subprocess.run's (its CPU seconds
+        go into the work record as it ends, WarmRun)."""
         started = self.start(args, cwd, env)
         try:
             started.communicate(timeout)
@@ -396,7 +397,7 @@ class WarmStart:
             started.kill()  # as subprocess.run does: the run ends, and what it wrote is raised with it
             started.stop_reading()
             raise subprocess.TimeoutExpired(args, timeout, *started.output) from None
-        return subprocess.CompletedProcess(args, started.returncode, *started.output), started.cpu_s
+        return subprocess.CompletedProcess(args, started.returncode, *started.output)
 
     def start(self, args: List[str], cwd: str, env: dict, merge_stderr: bool = False,
               new_session: bool = False) -> "WarmRun":
