@@ -2,9 +2,12 @@
 import argparse
 import gc
 import importlib
+import logging
+import os
 import re
 import sys
-from typing import Callable, List, Optional, Sequence
+import traceback
+from typing import Callable, List, NoReturn, Optional, Sequence
 
 
 class UserInputError(ValueError):
@@ -69,6 +72,17 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], int], argv: Optional[Seque
         print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
     sys.exit(code or 0)
+
+
+def end_process_now(code: int = 1) -> NoReturn:
+    """Write the exception being handled, as an uncaught one would be, and end the process at once:
+    for failures after which a library's threads would hold the interpreter's exit (its shutdown
+    joins them), so the process lingers though nothing is left to do."""
+    traceback.print_exc()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class OneLineParser(argparse.ArgumentParser):

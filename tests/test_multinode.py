@@ -11,7 +11,7 @@ from importlib import metadata
 
 import pytest
 
-from conftest import REPO, one_line_error, run, wait_for_step
+from conftest import PYTHON, REPO, one_line_error, run, wait_for_step
 from netns import free_port, two_nodes, unavailable
 from src.errors import UserInputError
 from src.training.distributed import check_output_storage, check_resume_agreement, writes_run_folder
@@ -127,6 +127,22 @@ def test_a_node_that_never_joins_is_named_within_the_cluster_timeout(cifar_dir, 
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the cluster did not form within --cluster_time_out 5 s: node 1 never joined"), last
+
+
+def test_a_failure_that_a_thread_would_outlive_ends_the_process_at_once():
+    """What a rank does when its cluster does not form (src/training/distributed.py): a thread the
+    interpreter's exit would wait for (as it waits for MindSpore's heartbeat) does not hold it; the
+    traceback is written as an uncaught exception's would be."""
+    code = ("import threading, time\n"
+            "from src.errors import end_process_now\n"
+            "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+            "try:\n"
+            "    raise RuntimeError('the cluster did not form')\n"
+            "except RuntimeError:\n"
+            "    end_process_now(3)\n")
+    result = run([PYTHON, "-c", code], timeout=60)  # a lingering process is a timeout here
+    assert result.returncode == 3
+    assert result.stderr.strip().splitlines()[-1] == "RuntimeError: the cluster did not form"
 
 
 def test_node_local_storage_makes_each_nodes_first_rank_a_writer():

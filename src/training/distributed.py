@@ -5,7 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import mindspore as ms
 
-from src.errors import UserInputError
+from src.errors import UserInputError, end_process_now
 
 LAUNCHER_VARIABLES = ("MS_ROLE", "RANK_TABLE_FILE")
 OUTPUT_STORAGES = ("shared", "node_local")
@@ -88,7 +88,14 @@ def init_distributed(run_distribute: bool, device_num: int) -> Tuple[int, int]:
         raise UserInputError("run_distribute needs ranks started by a launcher; use "
                              "bash scripts/run_distribute_train.sh DATASET_PATH CONFIG_PATH")
     from mindspore.communication import get_group_size, get_rank, init
-    init()
+    try:
+        init()
+    except RuntimeError:
+        # When the cluster does not form, MindSpore's heartbeat thread keeps retrying the scheduler
+        # after init() has failed, and the interpreter's exit waits for it (~35 s; msrun and the
+        # launcher wait with it). The traceback, which the launcher's one line is made from
+        # (node_check.explain_failure), is written first.
+        end_process_now(1)
     rank, size = get_rank(), get_group_size()
     if size != device_num:
         raise UserInputError(f"device_num is {device_num} but the launcher started {size} ranks; "
