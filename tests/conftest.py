@@ -71,6 +71,11 @@ def pytest_configure(config):
     """The xdist controller makes the folder its workers share, and removes it at the end; the
     first process of a run empties the work record file (the workers append to it), so a file
     named again holds this run alone."""
+    # A suite started in the background of a non-interactive shell (`bash .ci/run &`) inherits SIGINT
+    # ignored, and so would every run it starts fresh, which SIGINT then never stops: a user's
+    # interpreter (and a warm run, tests/warm_start.py) starts with Python's own handler instead.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get(WORK) and not os.environ.get("PYTEST_XDIST_WORKER"):
         open(os.environ[WORK], "w", encoding="utf-8").close()
     if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("numprocesses", None):
