@@ -7,7 +7,7 @@ import json
 import os
 import resource
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -19,16 +19,18 @@ CIFAR_SIZE = 32
 V2_RECIPE = {"auto_augment": "ta_wide", "random_erase": 0.1, "mixup_alpha": 0.2, "cutmix_alpha": 1.0, "ra_reps": 4}
 
 
-def native_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int):
+def native_imagenet_dataset(path: str, *, training: bool, batch: int, workers: int,
+                            samples: Optional[int] = None):
     """MindSpore's C++ ImageNet pipeline as the model zoo builds it (for comparison only): decode
-    with the random crop, flip, normalize, HWC->CHW; eval: decode, resize 256, center crop 224."""
+    with the random crop, flip, normalize, HWC->CHW; eval: decode, resize 256, center crop 224.
+    An epoch holds at most `samples` of the folder's images (None: all)."""
     import mindspore as ms
     import mindspore.dataset as ds
     import mindspore.dataset.transforms as transforms
     import mindspore.dataset.vision as vision
 
     from src.dataset import IMAGENET_MEAN, IMAGENET_STD
-    data = ds.ImageFolderDataset(path, num_parallel_workers=workers, shuffle=training)
+    data = ds.ImageFolderDataset(path, num_parallel_workers=workers, shuffle=training, num_samples=samples)
     if training:
         ops = [vision.RandomCropDecodeResize(PHOTO_SIZE, scale=(0.08, 1.0), ratio=(0.75, 1.333)),
                vision.RandomHorizontalFlip(prob=0.5)]
@@ -41,16 +43,18 @@ def native_imagenet_dataset(path: str, *, training: bool, batch: int, workers: i
     return data.batch(batch, drop_remainder=True)
 
 
-def native_cifar_dataset(path: str, *, training: bool, batch: int, workers: int):
+def native_cifar_dataset(path: str, *, training: bool, batch: int, workers: int, samples: Optional[int] = None):
     """MindSpore's C++ CIFAR-10 training pipeline as the model zoo builds it, at 32 px: random crop
-    with 4 pixels of padding, flip, rescale, normalize, HWC->CHW."""
+    with 4 pixels of padding, flip, rescale, normalize, HWC->CHW. An epoch holds at most `samples`
+    of the file's records (None: all)."""
     import mindspore as ms
     import mindspore.dataset as ds
     import mindspore.dataset.transforms as transforms
     import mindspore.dataset.vision as vision
 
     from src.dataset import CIFAR_MEAN, CIFAR_STD
-    data = ds.Cifar10Dataset(path, usage="train", num_parallel_workers=workers, shuffle=training)
+    data = ds.Cifar10Dataset(path, usage="train", num_parallel_workers=workers, shuffle=training,
+                             num_samples=samples)
     ops = [vision.RandomCrop((CIFAR_SIZE, CIFAR_SIZE), (4, 4, 4, 4)), vision.RandomHorizontalFlip(prob=0.5),
            vision.Rescale(1.0 / 255.0, 0.0), vision.Normalize(mean=list(CIFAR_MEAN), std=list(CIFAR_STD)),
            vision.HWC2CHW()]
@@ -59,14 +63,18 @@ def native_cifar_dataset(path: str, *, training: bool, batch: int, workers: int)
     return data.batch(batch, drop_remainder=True)
 
 
-def our_dataset(path: str, *, training: bool, batch: int, workers: int, dataset: str = "imagenet2012",
-                worker_kind: str = "process", **options):
-    """This repository's pipeline (create_dataset) on the same files; `options` are its keyword arguments."""
-    from src.dataset import Augmentation, create_dataset
+def our_dataset(path: str, *, training: bool, batch: int, workers: int, samples: Optional[int] = None,
+                dataset: str = "imagenet2012", worker_kind: str = "process", **options):
+    """This repository's pipeline (create_dataset) on the same files, an epoch of at most `samples`
+    of them (None: all; otherwise the rest of each epoch's draws skipped); `options` are its keyword
+    arguments."""
+    from src.dataset import Augmentation, create_dataset, create_source
     recipe = Augmentation(**options.pop("recipe", {}))
     size = CIFAR_SIZE if dataset == "cifar10" else PHOTO_SIZE
+    skip = 0 if samples is None else max(0, len(create_source(dataset, path, training)) - samples)
     return create_dataset(dataset, path, training=training, batch_size=batch, image_size=size, class_num=10,
-                          num_parallel_workers=workers, worker_kind=worker_kind, augmentation=recipe, **options)
+                          num_parallel_workers=workers, worker_kind=worker_kind, augmentation=recipe,
+                          skip_samples=skip, **options)
 
 
 # What each pipeline process measures: case -> (data folder, {pipeline: (builder, training)}).
@@ -102,7 +110,8 @@ def dataset_rate(data, batches: int) -> Tuple[float, float]:
     and the main process's own CPU time per sample in microseconds (getrusage: all its threads,
     not its worker processes): the cost no number of workers takes off the training process.
     The epochs those batches need are then read to their end, untimed: MindSpore stopped the worker
-    processes of an iterator left mid-epoch with results queued only after a 5 s join timeout."""
+    processes of an iterator left mid-epoch with results queued only after a 5 s join timeout.
+    (measure_pipelines keeps that end short: each epoch holds what is timed, where files allow.)"""
     epochs = -(-(batches + 1) // data.get_dataset_size())
     iterator = data.repeat(epochs).create_tuple_iterator(num_epochs=1, output_numpy=True)
     next(iterator)
@@ -127,10 +136,14 @@ def measure_pipelines(folders: Dict[str, str], *, batch: int, workers: int, batc
     samples: Dict[Tuple[str, str], List[Tuple[float, float]]] = {}
     for _ in range(repeats):
         for case, (folder, pipelines) in PIPELINE_CASES.items():
+            # An epoch of the timed batches and the start-up one: the CIFAR file holds 10,000 records
+            # (MindSpore's reader takes no fewer), and reading its untimed rest cost a CIFAR pipeline
+            # ~4 times its timed batches at the defaults, ~600 times at the suite's sizes.
+            epoch = (batches[folder] + 1) * batch
             for name, (build, training) in pipelines.items():
                 if name.endswith("threads") and workers < 2:
                     continue  # one worker is a thread either way
-                data = build(folders[folder], training=training, batch=batch, workers=workers)
+                data = build(folders[folder], training=training, batch=batch, workers=workers, samples=epoch)
                 samples.setdefault((case, name), []).append(dataset_rate(data, batches[folder]))
     result: Dict[str, Dict[str, Dict[str, float]]] = {}
     for (case, name), values in samples.items():
