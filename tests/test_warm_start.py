@@ -171,6 +171,15 @@ while True:
 """
 
 
+def wait_until_asleep(pid: int, deadline: float) -> None:
+    """Until `pid` sleeps (state S): in SIGNALLED's loop, past the statement that makes its file, so
+    a SIGINT's traceback names the same line warm and fresh. (Preempted inside that statement, a
+    warm run under load was signalled there once: its traceback named line 5, the fresh one's 7.)"""
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+        assert time.monotonic() < deadline, f"run {pid} never went to sleep"
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize("signum, new_session", [(signal.SIGTERM, False), (signal.SIGINT, True)])
 def test_a_started_run_is_signalled_as_a_fresh_one(monkeypatch, tmp_path, signum, new_session):
     """conftest.start, warm and fresh: stderr merged into stdout in the order written, the run signalled
@@ -188,6 +197,7 @@ def test_a_started_run_is_signalled_as_a_fresh_one(monkeypatch, tmp_path, signum
         while not ready.exists():
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()
             time.sleep(0.02)
+        wait_until_asleep(process.pid, deadline)
         if new_session:
             os.killpg(process.pid, signum)
         else:
