@@ -120,18 +120,23 @@ def trained_once(tmp_path_factory, args: List[str]) -> Tuple[Path, str]:
     return folder / "out", (folder / "stdout.txt").read_text(encoding="utf-8")
 
 
-# The modules that take longest (seconds of one worker, measured on a Zen 4: test_resume 142 ...
+# Before everything, the modules whose pipelines fork the worker process itself (the worker
+# processes of create_dataset: 213 forks in test_dataset, 36 in test_mindrecord, 0-9 in the other
+# data and export modules counted): a fork costs more the larger the process, and the modules that build networks in the
+# worker grow it by gigabytes (test_dataset alone 10 CPU-s, after them 26-46).
+FORKS_FIRST = ("test_dataset", "test_mindrecord")
+# Then the modules that take longest (seconds of one worker, measured on a Zen 4: test_resume 142 ...
 # test_quantize 21), longest first, so that no long module is left for one worker at the end
 # while the other idles (scripts/run_tests.sh passes --no-loadscope-reorder so xdist keeps this order).
 LONGEST_FIRST = ("test_resume", "test_distributed", "test_rank_statistics", "test_train_parity", "test_compression",
                  "test_benchmark", "test_zoo_configs", "test_pruning", "test_warm_start", "test_watch", "test_zoo",
                  "test_multinode", "test_export", "test_cpu_layers_convolution", "test_train_step",
-                 "test_convert_torch", "test_report", "test_faults", "test_mindrecord", "test_dataset", "test_resnet",
+                 "test_convert_torch", "test_report", "test_faults", "test_resnet",
                  "test_end_to_end", "test_quantize")
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {name: i for i, name in enumerate(FORKS_FIRST + LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__ if item.module else "", len(rank)))
 
 
