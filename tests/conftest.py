@@ -122,8 +122,9 @@ def trained_once(tmp_path_factory, args: List[str]) -> Tuple[Path, str]:
 
 # Before everything, the modules whose pipelines fork the worker process itself (the worker
 # processes of create_dataset: 213 forks in test_dataset, 36 in test_mindrecord, 0-9 in the other
-# data and export modules counted): a fork costs more the larger the process, and the modules that build networks in the
-# worker grow it by gigabytes (test_dataset alone 10 CPU-s, after them 26-46).
+# data and export modules counted): a fork costs more the larger the process, and the modules
+# that build networks in the worker grow it by gigabytes (test_dataset alone 10 CPU-s, after
+# them 26-46).
 FORKS_FIRST = ("test_dataset", "test_mindrecord")
 # Then the modules that take longest (seconds of one worker, measured on a Zen 4: test_resume 142 ...
 # test_quantize 21), longest first, so that no long module is left for one worker at the end
