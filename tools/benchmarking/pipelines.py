@@ -63,15 +63,23 @@ def native_cifar_dataset(path: str, *, training: bool, batch: int, workers: int,
     return data.batch(batch, drop_remainder=True)
 
 
+@functools.lru_cache(maxsize=None)
+def _source_length(dataset: str, path: str, training: bool) -> int:
+    """The samples of one epoch of create_dataset's source (read once per process: a CIFAR source
+    loads every record)."""
+    from src.dataset import create_source
+    return len(create_source(dataset, path, training))
+
+
 def our_dataset(path: str, *, training: bool, batch: int, workers: int, samples: Optional[int] = None,
                 dataset: str = "imagenet2012", worker_kind: str = "process", **options):
     """This repository's pipeline (create_dataset) on the same files, an epoch of at most `samples`
     of them (None: all; otherwise the rest of each epoch's draws skipped); `options` are its keyword
     arguments."""
-    from src.dataset import Augmentation, create_dataset, create_source
+    from src.dataset import Augmentation, create_dataset
     recipe = Augmentation(**options.pop("recipe", {}))
     size = CIFAR_SIZE if dataset == "cifar10" else PHOTO_SIZE
-    skip = 0 if samples is None else max(0, len(create_source(dataset, path, training)) - samples)
+    skip = 0 if samples is None else max(0, _source_length(dataset, path, training) - samples)
     return create_dataset(dataset, path, training=training, batch_size=batch, image_size=size, class_num=10,
                           num_parallel_workers=workers, worker_kind=worker_kind, augmentation=recipe,
                           skip_samples=skip, **options)
