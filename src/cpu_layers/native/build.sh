@@ -3,8 +3,8 @@
 # onednn-cpu-gomp and onednn-devel-cpu-gomp packages installed in VENV. MindSpore already holds its own
 # libdnnl.so.3 in the process, so the library is linked against a copy renamed libdnnl_resnet.so.3
 # (patchelf), found beside it through the rpath $ORIGIN. Rebuilds only when a source or header is newer
-# than the library; then every translation unit is compiled again, as many at a time as there are
-# cores, into a temporary folder, and linked.
+# than the library; then every source is compiled again, in one translation unit per core, into a
+# temporary folder, and linked.
 # Exit status 0 when the library is there afterwards; otherwise one line on stderr and status 1.
 #   bash src/cpu_layers/native/build.sh VENV
 set -uo pipefail
@@ -43,21 +43,31 @@ mv "$PRIVATE.tmp" "$PRIVATE"
 OBJECTS=$(mktemp -d "${TMPDIR:-/tmp}/resnet_conv.XXXXXX") || fail "no temporary folder for the objects"
 # -ffp-contract=off: no fused multiply-adds, so the optimizer step computes MindSpore's float32 bits
 FLAGS=(-O2 -ffp-contract=off -std=c++17 -fPIC -shared -fopenmp -fvisibility=hidden -Wall -Wextra)
+# One translation unit per core, each including its share of the sources (in their alphabetical
+# order): every unit compiles oneDNN's headers and core.hpp's templates anew, which with a unit per
+# source was most of the build (docs/testing.md). A source's internal names carry its layer's
+# name, so any grouping compiles.
 JOBS=$(nproc 2>/dev/null || echo 2)
-running=0 failed=0
+BUNDLES=$((JOBS < ${#SOURCES[@]} ? JOBS : ${#SOURCES[@]}))
+declare -A BUNDLE_OF
+load=()
+for ((b = 0; b < BUNDLES; b++)); do load[b]=0; done
+while read -r size source; do  # the largest first, each to the bundle with the fewest bytes so far
+    lightest=0
+    for ((b = 1; b < BUNDLES; b++)); do ((load[b] < load[lightest])) && lightest=$b; done
+    BUNDLE_OF[$source]=$lightest
+    load[lightest]=$((load[lightest] + size))
+done < <(for source in "${SOURCES[@]}"; do echo "$(wc -c < "$source") $source"; done | sort -rn)
 for source in "${SOURCES[@]}"; do
-    if ((running >= JOBS)); then
-        wait -n || failed=1
-        running=$((running - 1))
-    fi
-    object="$OBJECTS/$(basename "${source%.cpp}").o"
-    "${CXX:-g++}" "${FLAGS[@]}" -c "$source" -I"$VENV/include" -o "$object" 2>"$object.log" &
-    running=$((running + 1))
+    echo "#include \"$source\"" >> "$OBJECTS/bundle${BUNDLE_OF[$source]}.cpp"
 done
-while ((running > 0)); do
-    wait -n || failed=1
-    running=$((running - 1))
+failed=0 compilers=()
+for ((b = 0; b < BUNDLES; b++)); do
+    "${CXX:-g++}" "${FLAGS[@]}" -c "$OBJECTS/bundle$b.cpp" -I"$VENV/include" -o "$OBJECTS/bundle$b.o" \
+        2>"$OBJECTS/bundle$b.log" &
+    compilers+=($!)
 done
+for pid in "${compilers[@]}"; do wait "$pid" || failed=1; done
 cat "$OBJECTS"/*.log >"$LOG"
 ((failed == 0)) || fail "the compiler failed, see $LOG"
 "${CXX:-g++}" "${FLAGS[@]}" "$OBJECTS"/*.o "$PRIVATE" -Wl,-rpath,'$ORIGIN' -o "$LIBRARY.tmp" 2>"$LOG" \

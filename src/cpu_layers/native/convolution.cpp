@@ -310,7 +310,7 @@ const char *convolution_path(const int64_t *x, const int64_t *w, const int64_t *
 namespace {
 
 // The convolutions' part of call_kernel (core.cpp).
-std::string record_problem(const KernelCall &call) {
+std::string conv_record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const ConvParams *>(call.record);
     if (p.stride_h < 1 || p.stride_w < 1 || p.dilation_h < 1 || p.dilation_w < 1 || p.groups < 1 ||
         (p.bf16 != 0 && p.bf16 != 1) || (p.layout & ~(kInputBlocked | kOutputBlocked)) != 0 ||
@@ -320,7 +320,7 @@ std::string record_problem(const KernelCall &call) {
     return "";
 }
 
-std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
+std::unique_ptr<Plan> make_conv_plan(const KernelCall &call, int64_t) {
     ConvParams p;
     std::memcpy(&p, call.record, sizeof(p));
     int64_t **shapes = call.shapes;
@@ -347,7 +347,7 @@ std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
 }
 
 // y's elements x w's per output channel.
-int64_t macs(const KernelCall &call) {
+int64_t conv_macs(const KernelCall &call) {
     const Kind kind = call.kind;
     const int64_t *w = kind == kConvForward ? call.shapes[conv_forward::w]
                        : kind == kConvBackwardData ? call.shapes[conv_backward_data::w]
@@ -359,12 +359,12 @@ int64_t macs(const KernelCall &call) {
 }
 
 // A training forward thaws the frozen weights (FreezeWeights).
-void before(const KernelCall &call) {
+void before_conv(const KernelCall &call) {
     if (call.kind == kConvForward && !static_cast<const ConvParams *>(call.record)->inference) g_frozen_version = 0;
 }
 
 }  // namespace
 
-const Family kConvolutionFamily = {record_problem, make_plan, macs, before, nullptr};
+const Family kConvolutionFamily = {conv_record_problem, make_conv_plan, conv_macs, before_conv, nullptr};
 
 }  // namespace resnet_conv

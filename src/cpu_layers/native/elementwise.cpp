@@ -28,14 +28,14 @@ std::unique_ptr<Plan> sum_plan(int64_t count, dt type) {
 }
 
 // The reorders' and the sum's part of call_kernel (core.cpp).
-std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
+std::unique_ptr<Plan> make_elementwise_plan(const KernelCall &call, int64_t) {
     if (call.kind == kSum) return sum_plan(call.elements(0), data_type(call.dtypes[0]));
     return reorder_plan(call.kind, dims_of(call.shapes[0], 4), data_type(call.dtypes[0]), data_type(call.dtypes[1]));
 }
 
 }  // namespace
 
-const Family kElementwiseFamily = {nullptr, make_plan, nullptr, nullptr, nullptr};
+const Family kElementwiseFamily = {nullptr, make_elementwise_plan, nullptr, nullptr, nullptr};
 
 // The kernels below do not use oneDNN but share its threads, its lock and the error message
 // (call_kernel, after the kernel table's checks); each returns why it refused its arguments, or "".

@@ -201,7 +201,7 @@ void move_statistics(void **slots, const int64_t *x, const NormParams &p) {
 }
 
 // The normalizations' part of call_kernel (core.cpp).
-std::string record_problem(const KernelCall &call) {
+std::string norm_record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const NormParams *>(call.record);
     const Kind kind = call.kind;
     if (!activation_is(p, Activation::kNone) && !activation_is(p, Activation::kRelu) &&
@@ -218,13 +218,13 @@ std::string record_problem(const KernelCall &call) {
     return "";
 }
 
-std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t workspace_bytes) {
+std::unique_ptr<Plan> make_norm_plan(const KernelCall &call, int64_t workspace_bytes) {
     NormParams p;
     std::memcpy(&p, call.record, sizeof(p));
     return norm_plan(call.kind, dims_of(call.shapes[0], 4), p, workspace_bytes, data_type(call.dtypes[0]));
 }
 
-void before(const KernelCall &call) {
+void before_norm(const KernelCall &call) {
     const auto &p = *static_cast<const NormParams *>(call.record);
     if (call.kind == kNormBackward && !activation_is(p, Activation::kAddRelu))
         zero_stand_in_gradient(call.params, call.shapes[norm_backward::residual], call.ndims[norm_backward::residual],
@@ -232,7 +232,7 @@ void before(const KernelCall &call) {
     if (call.kind == kNormBackwardSummed) masked_sum(call.params, element_count(4, call.shapes[0]));
 }
 
-void after(const KernelCall &call) {
+void after_norm(const KernelCall &call) {
     if (call.kind == kNormForwardForked) add_relu_twice(call.params, element_count(4, call.shapes[0]));
     if (is_norm_forward(call.kind))
         move_statistics(call.params, call.shapes[0], *static_cast<const NormParams *>(call.record));
@@ -240,6 +240,6 @@ void after(const KernelCall &call) {
 
 }  // namespace
 
-const Family kNormalizationFamily = {record_problem, make_plan, nullptr, before, after};
+const Family kNormalizationFamily = {norm_record_problem, make_norm_plan, nullptr, before_norm, after_norm};
 
 }  // namespace resnet_conv

@@ -44,13 +44,13 @@ std::unique_ptr<Plan> pool_plan(Kind kind, const memory::dims &x, const memory::
 }
 
 // Max pooling's part of call_kernel (core.cpp).
-std::string record_problem(const KernelCall &call) {
+std::string pool_record_problem(const KernelCall &call) {
     const auto &p = *static_cast<const PoolParams *>(call.record);
     const bool in_range = p.kernel >= 1 && p.stride >= 1 && p.pad >= 0 && p.pad < p.kernel;
     return in_range ? "" : "the pooling's parameter record is out of range";
 }
 
-std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
+std::unique_ptr<Plan> make_pool_plan(const KernelCall &call, int64_t) {
     PoolParams p;
     std::memcpy(&p, call.record, sizeof(p));
     auto y = call.kind == kPoolForward ? call.shapes[pool_forward::y] : call.shapes[pool_backward::dy];
@@ -59,6 +59,6 @@ std::unique_ptr<Plan> make_plan(const KernelCall &call, int64_t) {
 
 }  // namespace
 
-const Family kPoolingFamily = {record_problem, make_plan, nullptr, nullptr, nullptr};
+const Family kPoolingFamily = {pool_record_problem, make_pool_plan, nullptr, nullptr, nullptr};
 
 }  // namespace resnet_conv
