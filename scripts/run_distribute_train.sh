@@ -185,8 +185,11 @@ fi
 
 echo "logs: $LOG_DIR (console follows $(basename "$FIRST_LOG"))"
 touch "$FIRST_LOG"
-tail -n +1 -F "$FIRST_LOG" 2>/dev/null &
+# -s 0.1: where inotify cannot watch the log, tail reads it every 0.1 s (1 s by default), so the
+# 0.2 s given to it after the ranks end (stop_following) covers its last read.
+tail -n +1 -F -s 0.1 "$FIRST_LOG" 2>/dev/null &
 TAIL=$!
+stop_following() { sleep 0.2; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null; }
 # The ranks: msrun starts each in a session of its own (its scheduler and log tails share msrun's).
 rank_pids() {
     if [[ -n $RANK_TABLE ]]; then echo "${PIDS[@]}"; return; fi
@@ -247,11 +250,11 @@ if [[ -z $STOP_SIGNAL ]] && stopped_elsewhere; then
     STOP_SIGNAL=TERM; STOP_WHERE=" (sent to another node's launcher)"
 fi
 if [[ -n $STOP_SIGNAL ]]; then
-    sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null
+    stop_following
     echo "error: stopped by SIG$STOP_SIGNAL${STOP_WHERE:-}; continue with the same command and --resume True (logs in $LOG_DIR)" >&2
     exit $((128 + $(kill -l "$STOP_SIGNAL")))
 fi
-sleep 1; kill "$TAIL" 2>/dev/null; wait "$TAIL" 2>/dev/null
+stop_following
 if [[ $STATUS -ne 0 && -z $RANK_TABLE ]]; then
     echo "error: $("$PY" -m src.training.node_check explain --log_dir "$LOG_DIR" --node_rank "$NODE_RANK" \
         --workers "$WORKERS" --local_workers "$LOCAL_WORKERS" --master_addr "$MASTER_ADDR" \
